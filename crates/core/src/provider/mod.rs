@@ -1,0 +1,200 @@
+//! Provider adapters: verify a delivery's signature, extract the provider's stable event
+//! key(s), and sign test events the way the provider does.
+//!
+//! Every adapter works on the raw body bytes as received; nothing here re-serializes JSON.
+//! The gateway calls [`ProviderAdapter::verify`] before it touches the store, and
+//! [`ProviderAdapter::extract`] only after verification passed.
+//!
+//! Facts per provider (schemes, keys, quirks, test vectors) come from `providers.md`.
+
+mod generic;
+mod github;
+pub mod standard_webhooks;
+mod stripe;
+
+use std::time::Duration;
+
+use http::HeaderMap;
+
+pub use generic::{Generic, GenericSettings, SignatureEncoding};
+pub use github::GitHub;
+pub use standard_webhooks::StandardWebhooks;
+pub use stripe::Stripe;
+
+use crate::id::EventKey;
+use crate::secret::Secret;
+use crate::time::Timestamp;
+
+/// What an adapter sees of an inbound request.
+#[derive(Debug, Clone, Copy)]
+pub struct InboundRequest<'a> {
+    /// Request headers (names are case-insensitive).
+    pub headers: &'a HeaderMap,
+    /// The raw body, byte-exact.
+    pub body: &'a [u8],
+    /// When the request arrived, for timestamp tolerance.
+    pub now: Timestamp,
+}
+
+/// One event found in a verified delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractedEvent {
+    /// The provider's stable key for the event (the dedup key within its source).
+    pub key: EventKey,
+    /// The provider's event type (`invoice.payment_succeeded`, `push`), when it says one.
+    pub event_type: Option<String>,
+}
+
+/// What a test-event signer needs.
+#[derive(Debug, Clone, Copy)]
+pub struct SignRequest<'a> {
+    /// The body to sign, byte-exact.
+    pub body: &'a [u8],
+    /// The signing secret as configured on the source.
+    pub secret: &'a Secret,
+    /// The signing time (for schemes that sign a timestamp).
+    pub now: Timestamp,
+    /// The event key, for providers that carry it in a header (GitHub, Standard Webhooks).
+    pub event_key: &'a str,
+    /// The event type, for providers that carry it in a header (GitHub's `X-GitHub-Event`).
+    pub event_type: Option<&'a str>,
+}
+
+/// Why a delivery was refused. Each maps to a status and a stable `code` at the HTTP edge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rejection {
+    /// The signature header is absent.
+    MissingSignature {
+        /// The header that was expected.
+        header: String,
+    },
+    /// The signature header (or the timestamp header it needs) cannot be parsed.
+    MalformedSignature {
+        /// What was wrong, without echoing secrets or the signature itself.
+        detail: String,
+    },
+    /// Well-formed, but no configured secret produces it.
+    InvalidSignature,
+    /// The signed timestamp is outside the tolerance window (either direction).
+    StaleTimestamp {
+        /// Signed time minus now, in seconds (negative = in the past).
+        skew_secs: i64,
+        /// The source's tolerance in seconds.
+        tolerance_secs: u64,
+    },
+    /// The provider always sends JSON and this body is not JSON.
+    InvalidJson {
+        /// The parser's message.
+        detail: String,
+    },
+    /// The event key the provider always sends is missing or unusable.
+    MissingKey {
+        /// Where the key was looked for.
+        detail: String,
+    },
+}
+
+impl Rejection {
+    /// The stable machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::MissingSignature { .. } => "missing_signature",
+            Rejection::MalformedSignature { .. } => "malformed_signature",
+            Rejection::InvalidSignature => "invalid_signature",
+            Rejection::StaleTimestamp { .. } => "stale_timestamp",
+            Rejection::InvalidJson { .. } => "invalid_json",
+            Rejection::MissingKey { .. } => "missing_event_key",
+        }
+    }
+
+    /// The HTTP status: 401 for anything about authenticity, 400 for a malformed event.
+    pub fn status(&self) -> u16 {
+        match self {
+            Rejection::MissingSignature { .. }
+            | Rejection::MalformedSignature { .. }
+            | Rejection::InvalidSignature
+            | Rejection::StaleTimestamp { .. } => 401,
+            Rejection::InvalidJson { .. } | Rejection::MissingKey { .. } => 400,
+        }
+    }
+
+    /// A message safe to show the sender.
+    pub fn message(&self) -> String {
+        match self {
+            Rejection::MissingSignature { header } => format!("missing signature header {header}"),
+            Rejection::MalformedSignature { detail } => format!("malformed signature: {detail}"),
+            Rejection::InvalidSignature => {
+                "signature does not match any configured secret".to_owned()
+            }
+            Rejection::StaleTimestamp {
+                skew_secs,
+                tolerance_secs,
+            } => format!(
+                "timestamp is {}s {} now, outside the {tolerance_secs}s tolerance",
+                skew_secs.unsigned_abs(),
+                if *skew_secs < 0 { "before" } else { "after" }
+            ),
+            Rejection::InvalidJson { detail } => format!("body is not valid JSON: {detail}"),
+            Rejection::MissingKey { detail } => format!("no event key: {detail}"),
+        }
+    }
+}
+
+/// One provider's webhook scheme.
+///
+/// Implementations are pure: no clock (time comes in [`InboundRequest::now`]), no I/O.
+pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
+    /// The provider's name as written in config (`stripe`, `github`, ...).
+    fn provider(&self) -> &'static str;
+
+    /// Checks the signature (and signed timestamp, within `tolerance`) against every secret;
+    /// any one matching is enough (rotation). Must compare in constant time.
+    fn verify(
+        &self,
+        req: &InboundRequest<'_>,
+        secrets: &[Secret],
+        tolerance: Duration,
+    ) -> Result<(), Rejection>;
+
+    /// Finds the event key(s) of a verified delivery.
+    fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection>;
+
+    /// The headers a provider would send with `req.body` (signature, timestamp and key headers).
+    fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)>;
+}
+
+/// Whether `signed` (unix seconds) is within `tolerance` of `now`, in both directions.
+pub(crate) fn check_tolerance(
+    signed_secs: i64,
+    now: Timestamp,
+    tolerance: Duration,
+) -> Result<(), Rejection> {
+    let skew_secs = signed_secs.saturating_sub(now.as_secs());
+    let tolerance_secs = tolerance.as_secs();
+    if skew_secs.unsigned_abs() > tolerance_secs {
+        return Err(Rejection::StaleTimestamp {
+            skew_secs,
+            tolerance_secs,
+        });
+    }
+    Ok(())
+}
+
+/// A header's value as text, if present and visible ASCII.
+pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// Parses the body as JSON, mapping failure to [`Rejection::InvalidJson`].
+pub(crate) fn parse_json(body: &[u8]) -> Result<serde_json::Value, Rejection> {
+    serde_json::from_slice(body).map_err(|err| Rejection::InvalidJson {
+        detail: err.to_string(),
+    })
+}
+
+/// Wraps a key, mapping an unusable one to [`Rejection::MissingKey`].
+pub(crate) fn event_key(raw: &str, place: &str) -> Result<EventKey, Rejection> {
+    EventKey::parse(raw).map_err(|err| Rejection::MissingKey {
+        detail: format!("{place} {err}"),
+    })
+}

@@ -1,0 +1,468 @@
+//! The [`Store`] trait: idempotency claims, the outbox, delivery attempts and history.
+//!
+//! One trait for every backend (embedded SQLite now, PostgreSQL next), spoken in domain types.
+//! The central call is [`Store::ingest`]: it records a verified request and claims its event
+//! keys, writing one outbox row per destination for each new event, all in one durable
+//! transaction. It returns only after that commit is durable, and it must complete or roll back
+//! as a whole even when the caller's future is dropped (a provider hanging up mid-request):
+//! backends run the transaction off the caller's task.
+//!
+//! Expected outcomes are values ([`Claim`]), not errors; [`StoreError`] means the store could
+//! not answer, and the gateway turns it into 503 so the provider retries.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::id::{DeliveryId, EventKey, IdempotencyKey, RequestId, SourceName};
+use crate::time::Timestamp;
+
+/// A header as received: name (lowercase) and raw value bytes.
+pub type Header = (String, Vec<u8>);
+
+/// The store could not do what was asked. The gateway answers 503; workers retry.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store is full (disk full or its configured size cap).
+    #[error("store is full")]
+    Full,
+    /// The store is unreachable, closed or failing.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// What the gateway decided about a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Verified, at least one new event claimed and queued.
+    Accepted,
+    /// Verified, every event already claimed with the same body.
+    Duplicate,
+    /// Verified, an event already claimed with a different body: kept, not queued.
+    Conflict,
+    /// Refused before the store was touched (signature, timestamp, size, format, unknown source).
+    Rejected,
+}
+
+impl Verdict {
+    /// The stable lowercase name used in history, the API and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Accepted => "accepted",
+            Verdict::Duplicate => "duplicate",
+            Verdict::Conflict => "conflict",
+            Verdict::Rejected => "rejected",
+        }
+    }
+
+    /// Parses [`Verdict::as_str`] back.
+    pub fn parse(s: &str) -> Option<Verdict> {
+        Some(match s {
+            "accepted" => Verdict::Accepted,
+            "duplicate" => Verdict::Duplicate,
+            "conflict" => Verdict::Conflict,
+            "rejected" => Verdict::Rejected,
+            _ => return None,
+        })
+    }
+}
+
+/// A request as the gateway received it, for history.
+#[derive(Debug, Clone)]
+pub struct RequestRecord {
+    /// Arrival time.
+    pub received_at: Timestamp,
+    /// The `{source}` path segment (kept even when it names no configured source).
+    pub source: String,
+    /// HTTP method.
+    pub method: String,
+    /// Path and query as received.
+    pub path: String,
+    /// The peer's socket address, if known.
+    pub peer: Option<String>,
+    /// Headers, byte-exact, in arrival order.
+    pub headers: Vec<Header>,
+    /// Body, byte-exact (possibly cut short for a rejected oversized body: see `body_truncated`).
+    pub body: Bytes,
+    /// True when the body was not read whole (413).
+    pub body_truncated: bool,
+}
+
+/// One verified event to claim.
+#[derive(Debug, Clone)]
+pub struct NewEvent {
+    /// The provider's stable key.
+    pub key: EventKey,
+    /// The provider's event type, if any.
+    pub event_type: Option<String>,
+}
+
+/// A verified request to record and claim.
+#[derive(Debug, Clone)]
+pub struct Ingest {
+    /// The source it arrived on.
+    pub source: SourceName,
+    /// The request, byte-exact.
+    pub request: RequestRecord,
+    /// SHA-256 of the raw body, to tell duplicates from conflicts.
+    pub body_sha256: [u8; 32],
+    /// The events it carries (usually one).
+    pub events: Vec<NewEvent>,
+    /// Destinations each new event is queued for.
+    pub destinations: Vec<String>,
+    /// How long the claims are kept.
+    pub retention: Duration,
+}
+
+/// The outcome of claiming one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// First time: claimed, and one delivery queued per destination.
+    New {
+        /// The queued deliveries.
+        deliveries: Vec<DeliveryId>,
+    },
+    /// Already claimed with the same body.
+    Duplicate {
+        /// The request that claimed it.
+        first_request: RequestId,
+        /// When it was claimed.
+        first_seen: Timestamp,
+    },
+    /// Already claimed with a different body: this body is kept in history, not queued.
+    Conflict {
+        /// The request that claimed it.
+        first_request: RequestId,
+        /// The SHA-256 of the claimed body.
+        first_body_sha256: [u8; 32],
+    },
+}
+
+/// What [`Store::ingest`] did.
+#[derive(Debug, Clone)]
+pub struct IngestOutcome {
+    /// The history record of this request.
+    pub request_id: RequestId,
+    /// One claim per event, in order.
+    pub claims: Vec<(EventKey, Claim)>,
+}
+
+impl IngestOutcome {
+    /// The request's verdict: accepted if anything new was queued, else conflict if any body
+    /// differed, else duplicate.
+    pub fn verdict(&self) -> Verdict {
+        verdict_of(self.claims.iter().map(|(_, c)| c))
+    }
+}
+
+/// The verdict of a request from its claims (see [`IngestOutcome::verdict`]).
+pub fn verdict_of<'a>(claims: impl Iterator<Item = &'a Claim>) -> Verdict {
+    let mut verdict = Verdict::Duplicate;
+    for claim in claims {
+        match claim {
+            Claim::New { .. } => return Verdict::Accepted,
+            Claim::Conflict { .. } => verdict = Verdict::Conflict,
+            Claim::Duplicate { .. } => {}
+        }
+    }
+    verdict
+}
+
+/// A rejected request to record in history.
+#[derive(Debug, Clone)]
+pub struct Rejected {
+    /// The request as received.
+    pub request: RequestRecord,
+    /// The stable rejection code (`invalid_signature`, `body_too_large`, ...).
+    pub code: String,
+    /// The HTTP status answered.
+    pub status: u16,
+}
+
+/// A delivery taken by a worker, with everything needed to send it.
+#[derive(Debug, Clone)]
+pub struct LeasedDelivery {
+    /// The outbox row.
+    pub id: DeliveryId,
+    /// The request whose body is delivered.
+    pub request_id: RequestId,
+    /// The source it came from.
+    pub source: String,
+    /// The event's key.
+    pub event_key: String,
+    /// The provider's event type, if any.
+    pub event_type: Option<String>,
+    /// The destination's name.
+    pub destination: String,
+    /// Sent as `Idempotency-Key` on every attempt.
+    pub idempotency_key: IdempotencyKey,
+    /// Attempts made so far in this round (0 for a fresh delivery).
+    pub attempts: u32,
+    /// When this round of attempts began: when the event was received, or when an operator
+    /// redrove it from the dead-letter. The retry policy's `max_age` counts from here.
+    pub round_started_at: Timestamp,
+    /// The original headers.
+    pub headers: Vec<Header>,
+    /// The original body, byte-exact.
+    pub body: Bytes,
+}
+
+/// How one attempt ended.
+#[derive(Debug, Clone)]
+pub struct AttemptResult {
+    /// The delivery attempted.
+    pub delivery: DeliveryId,
+    /// When the attempt started.
+    pub started_at: Timestamp,
+    /// How long it took.
+    pub latency: Duration,
+    /// The response status, if a response came.
+    pub status: Option<u16>,
+    /// What went wrong, if anything (safe to show).
+    pub error: Option<String>,
+    /// What happens next.
+    pub next: AttemptNext,
+}
+
+/// The delivery's state after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptNext {
+    /// Delivered: done.
+    Delivered,
+    /// Failed: try again at this time.
+    RetryAt(Timestamp),
+    /// Failed for good: move to the dead-letter.
+    DeadLetter,
+}
+
+/// A delivery's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryState {
+    /// Waiting for its next attempt.
+    Pending,
+    /// Delivered.
+    Delivered,
+    /// In the dead-letter.
+    Dead,
+}
+
+impl DeliveryState {
+    /// The stable lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Delivered => "delivered",
+            DeliveryState::Dead => "dead",
+        }
+    }
+
+    /// Parses [`DeliveryState::as_str`] back.
+    pub fn parse(s: &str) -> Option<DeliveryState> {
+        Some(match s {
+            "pending" => DeliveryState::Pending,
+            "delivered" => DeliveryState::Delivered,
+            "dead" => DeliveryState::Dead,
+            _ => return None,
+        })
+    }
+}
+
+/// A filter on history.
+#[derive(Debug, Clone, Default)]
+pub struct RequestFilter {
+    /// Only this source.
+    pub source: Option<String>,
+    /// Only this verdict.
+    pub verdict: Option<Verdict>,
+    /// Only requests carrying this event key.
+    pub key: Option<String>,
+    /// Received at or after.
+    pub since: Option<Timestamp>,
+    /// Received before.
+    pub until: Option<Timestamp>,
+    /// Only ids below this (the previous page's cursor); newest first.
+    pub before: Option<RequestId>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// One line of history.
+#[derive(Debug, Clone)]
+pub struct RequestSummary {
+    /// Its id.
+    pub id: RequestId,
+    /// Arrival time.
+    pub received_at: Timestamp,
+    /// Source segment.
+    pub source: String,
+    /// Verdict.
+    pub verdict: Verdict,
+    /// Rejection code, when rejected.
+    pub reason: Option<String>,
+    /// Status answered.
+    pub status: u16,
+    /// The event key(s), when verified.
+    pub keys: Vec<String>,
+    /// Body length in bytes.
+    pub body_len: u64,
+}
+
+/// One request with everything kept about it.
+#[derive(Debug, Clone)]
+pub struct RequestDetail {
+    /// The summary fields.
+    pub summary: RequestSummary,
+    /// Method.
+    pub method: String,
+    /// Path and query.
+    pub path: String,
+    /// Peer address.
+    pub peer: Option<String>,
+    /// Headers, byte-exact.
+    pub headers: Vec<Header>,
+    /// Body, byte-exact.
+    pub body: Bytes,
+    /// True when the body was not read whole.
+    pub body_truncated: bool,
+    /// Deliveries queued by this request.
+    pub deliveries: Vec<DeliveryDetail>,
+}
+
+/// One delivery with its attempts.
+#[derive(Debug, Clone)]
+pub struct DeliveryDetail {
+    /// Its id.
+    pub id: DeliveryId,
+    /// The request it delivers.
+    pub request_id: RequestId,
+    /// Destination name.
+    pub destination: String,
+    /// `Idempotency-Key` sent.
+    pub idempotency_key: String,
+    /// State.
+    pub state: DeliveryState,
+    /// Attempts in the current round.
+    pub attempts: u32,
+    /// Next attempt time, when pending.
+    pub next_attempt_at: Option<Timestamp>,
+    /// The last error, if any.
+    pub last_error: Option<String>,
+    /// Every attempt, oldest first.
+    pub history: Vec<AttemptRecord>,
+}
+
+/// One recorded attempt.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    /// Attempt number over the delivery's life (1-based).
+    pub number: u32,
+    /// Start time.
+    pub started_at: Timestamp,
+    /// Response status, if any.
+    pub status: Option<u16>,
+    /// Duration in milliseconds.
+    pub latency_ms: u64,
+    /// Error, if any.
+    pub error: Option<String>,
+}
+
+/// A filter on deliveries.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    /// Only this state.
+    pub state: Option<DeliveryState>,
+    /// Only this destination.
+    pub destination: Option<String>,
+    /// Only ids below this; newest first.
+    pub before: Option<DeliveryId>,
+    /// Page size.
+    pub limit: u32,
+}
+
+/// What a redrive of a dead-lettered delivery did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redrive {
+    /// Queued again, due now, with the same `Idempotency-Key`.
+    Queued,
+    /// No such delivery.
+    NotFound,
+    /// The delivery is not in the dead-letter (its state is given).
+    NotDead(DeliveryState),
+}
+
+/// Counts for metrics and readiness.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Deliveries waiting.
+    pub pending: u64,
+    /// Deliveries in the dead-letter.
+    pub dead: u64,
+    /// Claims held.
+    pub claims: u64,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Purged {
+    /// Expired claims removed.
+    pub claims: u64,
+    /// History requests removed (with their finished deliveries and attempts).
+    pub requests: u64,
+}
+
+/// A backend holding claims, the outbox, attempts and history.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Records a verified request and claims each of its events; for each new event, queues
+    /// one delivery per destination. One durable transaction; returns after the commit.
+    /// A claim whose retention has passed is treated as absent (and replaced).
+    async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError>;
+
+    /// Records a rejected request in history. Touches no claim and no outbox row.
+    async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError>;
+
+    /// Leases up to `limit` pending deliveries due at `now` for `lease`, to `owner`.
+    async fn lease_due(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<LeasedDelivery>, StoreError>;
+
+    /// Records an attempt and moves the delivery on (done, retry later, or dead-letter),
+    /// releasing its lease.
+    async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError>;
+
+    /// Gives back every lease `owner` holds (graceful shutdown), making the rows due again.
+    async fn release_leases(&self, owner: &str) -> Result<(), StoreError>;
+
+    /// The earliest time a pending, unleased delivery becomes due, if any.
+    async fn next_due(&self) -> Result<Option<Timestamp>, StoreError>;
+
+    /// Lists history, newest first.
+    async fn list_requests(&self, filter: RequestFilter)
+        -> Result<Vec<RequestSummary>, StoreError>;
+
+    /// One request with its deliveries and attempts.
+    async fn get_request(&self, id: RequestId) -> Result<Option<RequestDetail>, StoreError>;
+
+    /// Lists deliveries, newest first.
+    async fn list_deliveries(
+        &self,
+        filter: DeliveryFilter,
+    ) -> Result<Vec<DeliveryDetail>, StoreError>;
+
+    /// Moves a dead-lettered delivery back to pending, due at `now`, with a fresh attempt budget.
+    async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError>;
+
+    /// Removes claims whose retention ended before `now`, and history received before
+    /// `history_before` whose deliveries are all finished. Works in bounded batches.
+    async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError>;
+
+    /// Counts for metrics.
+    async fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    /// Whether the store answers and accepts writes (for readiness).
+    async fn ping(&self) -> Result<(), StoreError>;
+}

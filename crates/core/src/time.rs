@@ -1,0 +1,99 @@
+//! Time as the core sees it: a plain number passed in by the caller.
+//!
+//! Nothing in `core` reads a clock. Callers pass a [`Timestamp`], so tests move time by hand.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Milliseconds since the Unix epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    /// The wall clock, for callers at the edge (the server, the CLI).
+    pub fn now() -> Timestamp {
+        let since = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        Timestamp(since.as_millis() as i64)
+    }
+
+    /// From whole seconds since the epoch.
+    pub fn from_secs(secs: i64) -> Timestamp {
+        Timestamp(secs.saturating_mul(1000))
+    }
+
+    /// Whole seconds since the epoch (rounded down).
+    pub fn as_secs(self) -> i64 {
+        self.0.div_euclid(1000)
+    }
+
+    /// Milliseconds since the epoch.
+    pub fn as_millis(self) -> i64 {
+        self.0
+    }
+
+    /// This time plus `d`, saturating.
+    pub fn plus(self, d: Duration) -> Timestamp {
+        Timestamp(
+            self.0
+                .saturating_add(d.as_millis().min(i64::MAX as u128) as i64),
+        )
+    }
+
+    /// This time minus `d`, saturating.
+    pub fn minus(self, d: Duration) -> Timestamp {
+        Timestamp(
+            self.0
+                .saturating_sub(d.as_millis().min(i64::MAX as u128) as i64),
+        )
+    }
+
+    /// How long after `earlier` this is; zero if it is not after it.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        Duration::from_millis(self.0.saturating_sub(earlier.0).max(0) as u64)
+    }
+}
+
+impl Timestamp {
+    /// RFC 3339 in UTC with milliseconds (`2026-12-02T13:04:05.123Z`), for people and JSON.
+    pub fn to_rfc3339(self) -> String {
+        let secs = self.0.div_euclid(1000);
+        let millis = self.0.rem_euclid(1000);
+        let days = secs.div_euclid(86_400);
+        let sod = secs.rem_euclid(86_400);
+        // Civil date from days since the epoch (Howard Hinnant's algorithm).
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        format!(
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
+            sod / 3600,
+            sod % 3600 / 60,
+            sod % 60
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339() {
+        assert_eq!(Timestamp(0).to_rfc3339(), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            Timestamp(784_111_777_042).to_rfc3339(),
+            "1994-11-06T08:49:37.042Z"
+        );
+        assert_eq!(
+            Timestamp(1_709_251_200_000).to_rfc3339(),
+            "2024-03-01T00:00:00.000Z"
+        );
+    }
+}

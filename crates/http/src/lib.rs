@@ -1,0 +1,86 @@
+//! hooklatch-http: the gateway's two routers and the errors they answer with.
+//!
+//! - [`ingest_router`] serves `POST /in/{source}` on the public listener: size limit, verify,
+//!   extract keys, claim and enqueue through the [`Store`], answer.
+//! - [`admin_router`] serves the JSON admin API (`/v1/…`), `/metrics`, `/healthz` and
+//!   `/readyz` on the admin listener, behind a bearer token (the health probes excepted).
+//!
+//! The routers know nothing about configuration files or backends: they get an
+//! `Arc<dyn Store>` and resolved [`Source`]s from the `hooklatch` crate.
+//!
+//! Layout: [`error`] holds [`ApiError`]; `routes/ingest.rs` serves `/in`, `routes/requests.rs`
+//! serves `/v1/requests`, `routes/deliveries.rs` serves `/v1/deliveries`, `routes/health.rs`
+//! serves the probes and metrics.
+#![forbid(unsafe_code)]
+
+pub mod error;
+mod routes;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hooklatch_core::{ProviderAdapter, Secret, SourceName, Store};
+use tokio::sync::Notify;
+
+pub use error::ApiError;
+
+/// A configured source, resolved: what ingest needs to verify and claim its deliveries.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The name in `/in/{name}`.
+    pub name: SourceName,
+    /// The provider's scheme.
+    pub adapter: Arc<dyn ProviderAdapter>,
+    /// Signing secrets; any may match (rotation).
+    pub secrets: Vec<Secret>,
+    /// Allowed distance between a signed timestamp and now.
+    pub tolerance: Duration,
+    /// How long a claimed key is kept.
+    pub retention: Duration,
+    /// Destination names each new event is queued for.
+    pub destinations: Vec<String>,
+}
+
+/// Shared state of the ingest router.
+pub struct IngestState {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Sources by name.
+    pub sources: HashMap<String, Source>,
+    /// Largest body accepted, in bytes.
+    pub body_limit: usize,
+    /// How long reading a body may take.
+    pub body_timeout: Duration,
+    /// Woken after new deliveries are queued, so idle workers start at once.
+    pub enqueued: Arc<Notify>,
+}
+
+/// Renders the Prometheus text exposition.
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Shared state of the admin router.
+pub struct AdminState {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// The bearer token every `/v1` route and `/metrics` requires.
+    pub token: Secret,
+    /// Renders `/metrics`.
+    pub metrics: MetricsRender,
+    /// False while starting and once shutting down; `/readyz` reports it.
+    pub ready: Arc<AtomicBool>,
+    /// Woken after a redrive queues a delivery.
+    pub enqueued: Arc<Notify>,
+}
+
+/// The public router: `POST /in/{source}`.
+pub fn ingest_router(state: Arc<IngestState>) -> Router {
+    routes::ingest::router(state)
+}
+
+/// The admin router: `/v1/…`, `/metrics`, `/healthz`, `/readyz`.
+pub fn admin_router(state: Arc<AdminState>) -> Router {
+    routes::admin_router(state)
+}

@@ -1,0 +1,48 @@
+//! `/healthz` (the process answers), `/readyz` (it can take traffic) and `/metrics`.
+//!
+//! The probes need no token: they reveal nothing but up or down, and orchestrators call them
+//! without credentials. `/metrics` is behind the token like the API.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::AdminState;
+
+pub(crate) async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+    if !state.ready.load(Ordering::Acquire) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({ "status": "not_ready", "reason": "starting or shutting down" })),
+        )
+            .into_response();
+    }
+    match state.store.ping().await {
+        Ok(()) => Json(json!({ "status": "ready" })).into_response(),
+        Err(err) => {
+            tracing::warn!(%err, "readiness check: store failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(json!({ "status": "not_ready", "reason": "store unavailable" })),
+            )
+                .into_response()
+        }
+    }
+}
+
+pub(crate) async fn metrics(State(state): State<Arc<AdminState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        (state.metrics)(),
+    )
+        .into_response()
+}

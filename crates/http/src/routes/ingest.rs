@@ -1,0 +1,256 @@
+//! `POST /in/{source}`: the product's front door.
+//!
+//! Order matters and is the promise: size limit, then signature, then key extraction, and only
+//! then the store. A request refused at any step is recorded in history with its reason and
+//! touches no claim and no outbox row. The claim and its deliveries are one store call that
+//! runs off this task, so a provider hanging up (which drops this future) leaves both or
+//! neither.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use bytes::Bytes;
+use hooklatch_core::secret::sha256;
+use hooklatch_core::store::{Claim, Ingest, NewEvent, Rejected, RequestRecord, Verdict};
+use hooklatch_core::{InboundRequest, Timestamp};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::json;
+
+use crate::{ApiError, IngestState, Source};
+
+pub(crate) fn router(state: Arc<IngestState>) -> Router {
+    Router::new()
+        .route("/in/{source}", post(ingest))
+        .with_state(state)
+}
+
+async fn ingest(
+    State(state): State<Arc<IngestState>>,
+    Path(source_name): Path<String>,
+    req: Request,
+) -> Response {
+    let started = Instant::now();
+    let (parts, body) = req.into_parts();
+    let mut record = RequestRecord {
+        received_at: Timestamp::now(),
+        source: source_name.clone(),
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        peer: parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.to_string()),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+        body: Bytes::new(),
+        body_truncated: false,
+    };
+    let source = state.sources.get(&source_name);
+    let metric_source = source.map_or("unknown", |s| s.name.as_str()).to_owned();
+
+    let declared = parts
+        .headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > state.body_limit as u64) {
+        record.body_truncated = true;
+        return reject(&state, record, &metric_source, too_large(state.body_limit)).await;
+    }
+    match read_body(body, &state).await {
+        Ok(bytes) => record.body = bytes,
+        Err(err) => {
+            record.body_truncated = true;
+            return reject(&state, record, &metric_source, err).await;
+        }
+    }
+
+    let Some(source) = source else {
+        let err = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_source",
+            format!("no source named {source_name:?} is configured"),
+        );
+        return reject(&state, record, &metric_source, err).await;
+    };
+
+    let inbound = InboundRequest {
+        headers: &parts.headers,
+        body: &record.body,
+        now: record.received_at,
+    };
+    let checked = source
+        .adapter
+        .verify(&inbound, &source.secrets, source.tolerance)
+        .and_then(|()| source.adapter.extract(&inbound));
+    let events = match checked {
+        Ok(events) if !events.is_empty() => events,
+        Ok(_) => {
+            let err = ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "missing_event_key",
+                "the delivery carries no event",
+            );
+            return reject(&state, record, &metric_source, err).await;
+        }
+        Err(rejection) => {
+            let status =
+                StatusCode::from_u16(rejection.status()).unwrap_or(StatusCode::BAD_REQUEST);
+            let err = ApiError::new(status, rejection.code(), rejection.message());
+            return reject(&state, record, &metric_source, err).await;
+        }
+    };
+
+    accept(&state, source, record, events, started).await
+}
+
+async fn accept(
+    state: &IngestState,
+    source: &Source,
+    record: RequestRecord,
+    events: Vec<hooklatch_core::ExtractedEvent>,
+    started: Instant,
+) -> Response {
+    let ingest = Ingest {
+        source: source.name.clone(),
+        body_sha256: sha256(&record.body),
+        request: record,
+        events: events
+            .into_iter()
+            .map(|e| NewEvent {
+                key: e.key,
+                event_type: e.event_type,
+            })
+            .collect(),
+        destinations: source.destinations.clone(),
+        retention: source.retention,
+    };
+    let outcome = match state.store.ingest(ingest).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            metrics::counter!("hooklatch_requests_total",
+                "source" => source.name.to_string(), "verdict" => "error")
+            .increment(1);
+            return ApiError::from(err).into_response();
+        }
+    };
+    let verdict = outcome.verdict();
+    if verdict == Verdict::Accepted {
+        state.enqueued.notify_waiters();
+    }
+    let n_conflicts = outcome
+        .claims
+        .iter()
+        .filter(|(_, c)| matches!(c, Claim::Conflict { .. }))
+        .count();
+    if n_conflicts > 0 {
+        metrics::counter!("hooklatch_conflicts_total", "source" => source.name.to_string())
+            .increment(n_conflicts as u64);
+    }
+    metrics::counter!("hooklatch_requests_total",
+        "source" => source.name.to_string(), "verdict" => verdict.as_str())
+    .increment(1);
+    metrics::histogram!("hooklatch_ack_seconds", "verdict" => verdict.as_str())
+        .record(started.elapsed().as_secs_f64());
+    tracing::debug!(source = %source.name, request = %outcome.request_id, verdict = verdict.as_str(), "ingested");
+
+    let events: Vec<_> = outcome
+        .claims
+        .iter()
+        .map(|(key, claim)| match claim {
+            Claim::New { deliveries } => json!({
+                "key": key.as_str(),
+                "claim": "new",
+                "deliveries": deliveries.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            }),
+            Claim::Duplicate {
+                first_request,
+                first_seen,
+            } => json!({
+                "key": key.as_str(),
+                "claim": "duplicate",
+                "first_request": first_request.to_string(),
+                "first_seen_ms": first_seen.as_millis(),
+            }),
+            Claim::Conflict { first_request, .. } => json!({
+                "key": key.as_str(),
+                "claim": "conflict",
+                "first_request": first_request.to_string(),
+            }),
+        })
+        .collect();
+    (
+        StatusCode::OK,
+        Json(json!({
+            "status": verdict.as_str(),
+            "request_id": outcome.request_id.to_string(),
+            "events": events,
+        })),
+    )
+        .into_response()
+}
+
+/// Records a refused request in history (never a claim or a delivery) and answers.
+async fn reject(
+    state: &IngestState,
+    request: RequestRecord,
+    metric_source: &str,
+    err: ApiError,
+) -> Response {
+    metrics::counter!("hooklatch_requests_total",
+        "source" => metric_source.to_owned(), "verdict" => "rejected", "reason" => err.code)
+    .increment(1);
+    tracing::debug!(source = %request.source, code = err.code, "rejected");
+    let rejected = Rejected {
+        request,
+        code: err.code.to_owned(),
+        status: err.status.as_u16(),
+    };
+    if let Err(store_err) = state.store.record_rejection(rejected).await {
+        tracing::warn!(err = %store_err, code = err.code, "could not record a rejected request");
+    }
+    err.into_response()
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "body_too_large",
+        format!("body is larger than the {limit}-byte limit"),
+    )
+}
+
+/// Reads the body whole, refusing it once it passes the limit and when it is too slow.
+async fn read_body(body: Body, state: &IngestState) -> Result<Bytes, ApiError> {
+    let limited = Limited::new(body, state.body_limit);
+    match tokio::time::timeout(state.body_timeout, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(err)) if err.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(too_large(state.body_limit))
+        }
+        Ok(Err(_)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "body_read_failed",
+            "the request body could not be read",
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            "the request body did not arrive in time",
+        )),
+    }
+}

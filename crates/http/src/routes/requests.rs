@@ -1,0 +1,157 @@
+//! `/v1/requests`: history of every inbound request, byte-exact.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use base64::Engine;
+use hooklatch_core::store::{DeliveryDetail, RequestFilter, RequestSummary, Verdict};
+use hooklatch_core::{RequestId, Timestamp};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::{AdminState, ApiError};
+
+/// Page size when none is asked for, and the most one page may hold.
+pub(crate) const DEFAULT_LIMIT: u32 = 50;
+pub(crate) const MAX_LIMIT: u32 = 500;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListQuery {
+    source: Option<String>,
+    verdict: Option<String>,
+    key: Option<String>,
+    /// Milliseconds since the epoch, inclusive.
+    since: Option<i64>,
+    /// Milliseconds since the epoch, exclusive.
+    until: Option<i64>,
+    limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+pub(crate) async fn list(
+    State(state): State<Arc<AdminState>>,
+    Query(q): Query<ListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let verdict = q
+        .verdict
+        .as_deref()
+        .map(|v| {
+            Verdict::parse(v).ok_or_else(|| {
+                ApiError::bad_parameter(
+                    "verdict must be one of accepted, duplicate, conflict, rejected",
+                )
+            })
+        })
+        .transpose()?;
+    let before = q
+        .cursor
+        .as_deref()
+        .map(|c| RequestId::parse(c).ok_or_else(|| ApiError::bad_parameter("cursor is not valid")))
+        .transpose()?;
+    let limit = page_limit(q.limit)?;
+    let items = state
+        .store
+        .list_requests(RequestFilter {
+            source: q.source,
+            verdict,
+            key: q.key,
+            since: q.since.map(Timestamp),
+            until: q.until.map(Timestamp),
+            before,
+            limit,
+        })
+        .await?;
+    let next_cursor = (items.len() == limit as usize)
+        .then(|| items.last().map(|r| r.id.to_string()))
+        .flatten();
+    Ok(Json(json!({
+        "items": items.iter().map(summary_json).collect::<Vec<_>>(),
+        "next_cursor": next_cursor,
+    })))
+}
+
+pub(crate) async fn show(
+    State(state): State<Arc<AdminState>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = RequestId::parse(&id).ok_or_else(|| ApiError::not_found("no such request"))?;
+    let detail = state
+        .store
+        .get_request(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such request"))?;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut res = summary_json(&detail.summary);
+    let headers: Vec<Value> = detail
+        .headers
+        .iter()
+        .map(|(name, value)| match std::str::from_utf8(value) {
+            Ok(text) => json!({ "name": name, "value": text }),
+            Err(_) => json!({ "name": name, "value_base64": b64.encode(value) }),
+        })
+        .collect();
+    let obj = res.as_object_mut().expect("summary_json builds an object");
+    obj.insert("method".into(), json!(detail.method));
+    obj.insert("path".into(), json!(detail.path));
+    obj.insert("peer".into(), json!(detail.peer));
+    obj.insert("headers".into(), json!(headers));
+    obj.insert("body_base64".into(), json!(b64.encode(&detail.body)));
+    obj.insert("body".into(), json!(std::str::from_utf8(&detail.body).ok()));
+    obj.insert("body_truncated".into(), json!(detail.body_truncated));
+    obj.insert(
+        "deliveries".into(),
+        json!(detail
+            .deliveries
+            .iter()
+            .map(delivery_json)
+            .collect::<Vec<_>>()),
+    );
+    Ok(Json(res))
+}
+
+pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
+    match limit.unwrap_or(DEFAULT_LIMIT) {
+        0 => Err(ApiError::bad_parameter("limit must be at least 1")),
+        n if n > MAX_LIMIT => Err(ApiError::bad_parameter(format!(
+            "limit must be at most {MAX_LIMIT}"
+        ))),
+        n => Ok(n),
+    }
+}
+
+fn summary_json(r: &RequestSummary) -> Value {
+    json!({
+        "id": r.id.to_string(),
+        "received_at": r.received_at.to_rfc3339(),
+        "received_at_ms": r.received_at.as_millis(),
+        "source": r.source,
+        "verdict": r.verdict.as_str(),
+        "reason": r.reason,
+        "status": r.status,
+        "keys": r.keys,
+        "body_len": r.body_len,
+    })
+}
+
+pub(crate) fn delivery_json(d: &DeliveryDetail) -> Value {
+    json!({
+        "id": d.id.to_string(),
+        "request_id": d.request_id.to_string(),
+        "destination": d.destination,
+        "idempotency_key": d.idempotency_key,
+        "state": d.state.as_str(),
+        "attempts": d.attempts,
+        "next_attempt_at": d.next_attempt_at.map(Timestamp::to_rfc3339),
+        "last_error": d.last_error,
+        "history": d.history.iter().map(|a| json!({
+            "number": a.number,
+            "started_at": a.started_at.to_rfc3339(),
+            "status": a.status,
+            "latency_ms": a.latency_ms,
+            "error": a.error,
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,229 @@
+//! History queries (requests, deliveries, attempts), counts, and the purge.
+
+use bytes::Bytes;
+use hooklatch_core::store::{
+    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, RequestDetail, RequestFilter,
+    RequestSummary, StoreStats, Verdict,
+};
+use hooklatch_core::{DeliveryId, RequestId, Timestamp};
+use rusqlite::types::Value;
+use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
+
+use crate::headers;
+
+/// Rows removed per purge transaction.
+pub(crate) const PURGE_BATCH: u64 = 1000;
+
+const SUMMARY_COLUMNS: &str =
+    "id, received_at, source, verdict, reason, status, keys, length(body)";
+
+fn summary(r: &Row<'_>) -> rusqlite::Result<RequestSummary> {
+    let verdict: String = r.get(3)?;
+    let keys: String = r.get(6)?;
+    Ok(RequestSummary {
+        id: RequestId(r.get(0)?),
+        received_at: Timestamp(r.get(1)?),
+        source: r.get(2)?,
+        verdict: Verdict::parse(&verdict).unwrap_or(Verdict::Rejected),
+        reason: r.get(4)?,
+        status: r.get(5)?,
+        keys: serde_json::from_str(&keys).unwrap_or_default(),
+        body_len: r.get::<_, i64>(7)? as u64,
+    })
+}
+
+pub(crate) fn list_requests(
+    conn: &Connection,
+    filter: &RequestFilter,
+) -> rusqlite::Result<Vec<RequestSummary>> {
+    let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM requests WHERE 1 = 1");
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(source) = &filter.source {
+        sql.push_str(" AND source = ?");
+        args.push(Value::Text(source.clone()));
+    }
+    if let Some(verdict) = filter.verdict {
+        sql.push_str(" AND verdict = ?");
+        args.push(Value::Text(verdict.as_str().to_owned()));
+    }
+    if let Some(key) = &filter.key {
+        sql.push_str(" AND id IN (SELECT request_id FROM request_keys WHERE key = ?)");
+        args.push(Value::Text(key.clone()));
+    }
+    if let Some(since) = filter.since {
+        sql.push_str(" AND received_at >= ?");
+        args.push(Value::Integer(since.0));
+    }
+    if let Some(until) = filter.until {
+        sql.push_str(" AND received_at < ?");
+        args.push(Value::Integer(until.0));
+    }
+    if let Some(before) = filter.before {
+        sql.push_str(" AND id < ?");
+        args.push(Value::Integer(before.0));
+    }
+    sql.push_str(" ORDER BY id DESC LIMIT ?");
+    args.push(Value::Integer(i64::from(filter.limit)));
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt.query_map(params_from_iter(args), summary)?;
+    rows.collect()
+}
+
+pub(crate) fn get_request(
+    conn: &Connection,
+    id: RequestId,
+) -> rusqlite::Result<Option<RequestDetail>> {
+    let detail = conn
+        .query_row(
+            &format!(
+                "SELECT {SUMMARY_COLUMNS}, method, path, peer, headers, body, body_truncated
+                 FROM requests WHERE id = ?1"
+            ),
+            [id.0],
+            |r| {
+                Ok(RequestDetail {
+                    summary: summary(r)?,
+                    method: r.get(8)?,
+                    path: r.get(9)?,
+                    peer: r.get(10)?,
+                    headers: headers::decode(&r.get::<_, Vec<u8>>(11)?),
+                    body: Bytes::from(r.get::<_, Vec<u8>>(12)?),
+                    body_truncated: r.get(13)?,
+                    deliveries: Vec::new(),
+                })
+            },
+        )
+        .optional()?;
+    let Some(mut detail) = detail else {
+        return Ok(None);
+    };
+    let mut stmt = conn.prepare(&format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE request_id = ?1 ORDER BY id"
+    ))?;
+    let deliveries = stmt
+        .query_map([id.0], delivery)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    detail.deliveries = with_attempts(conn, deliveries)?;
+    Ok(Some(detail))
+}
+
+const DELIVERY_COLUMNS: &str = "id, request_id, destination, idempotency_key, state, attempts,
+    next_attempt_at, last_error";
+
+fn delivery(r: &Row<'_>) -> rusqlite::Result<DeliveryDetail> {
+    let state: String = r.get(4)?;
+    let state = DeliveryState::parse(&state).unwrap_or(DeliveryState::Pending);
+    Ok(DeliveryDetail {
+        id: DeliveryId(r.get(0)?),
+        request_id: RequestId(r.get(1)?),
+        destination: r.get(2)?,
+        idempotency_key: r.get(3)?,
+        state,
+        attempts: r.get(5)?,
+        next_attempt_at: (state == DeliveryState::Pending)
+            .then(|| Timestamp(r.get(6).unwrap_or(0))),
+        last_error: r.get(7)?,
+        history: Vec::new(),
+    })
+}
+
+fn with_attempts(
+    conn: &Connection,
+    mut deliveries: Vec<DeliveryDetail>,
+) -> rusqlite::Result<Vec<DeliveryDetail>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT number, started_at, status, latency_ms, error FROM attempts
+         WHERE delivery_id = ?1 ORDER BY number",
+    )?;
+    for delivery in &mut deliveries {
+        delivery.history = stmt
+            .query_map([delivery.id.0], |r| {
+                Ok(AttemptRecord {
+                    number: r.get(0)?,
+                    started_at: Timestamp(r.get(1)?),
+                    status: r.get(2)?,
+                    latency_ms: r.get::<_, i64>(3)? as u64,
+                    error: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+    }
+    Ok(deliveries)
+}
+
+pub(crate) fn list_deliveries(
+    conn: &Connection,
+    filter: &DeliveryFilter,
+) -> rusqlite::Result<Vec<DeliveryDetail>> {
+    let mut sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1");
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(state) = filter.state {
+        sql.push_str(" AND state = ?");
+        args.push(Value::Text(state.as_str().to_owned()));
+    }
+    if let Some(destination) = &filter.destination {
+        sql.push_str(" AND destination = ?");
+        args.push(Value::Text(destination.clone()));
+    }
+    if let Some(before) = filter.before {
+        sql.push_str(" AND id < ?");
+        args.push(Value::Integer(before.0));
+    }
+    sql.push_str(" ORDER BY id DESC LIMIT ?");
+    args.push(Value::Integer(i64::from(filter.limit)));
+    let mut stmt = conn.prepare(&sql)?;
+    let deliveries = stmt
+        .query_map(params_from_iter(args), delivery)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    with_attempts(conn, deliveries)
+}
+
+pub(crate) fn purge_claims(conn: &Connection, now: Timestamp, limit: u64) -> rusqlite::Result<u64> {
+    let n = conn.execute(
+        "DELETE FROM claims WHERE (source, key) IN (
+            SELECT source, key FROM claims WHERE expires_at <= ?1 LIMIT ?2)",
+        params![now.0, limit as i64],
+    )?;
+    Ok(n as u64)
+}
+
+/// Removes old requests whose deliveries are all finished, with those deliveries' attempts.
+/// A request whose event is still claimed is kept: a claim points at its request.
+pub(crate) fn purge_requests(
+    conn: &Connection,
+    before: Timestamp,
+    limit: u64,
+) -> rusqlite::Result<u64> {
+    conn.execute(
+        "CREATE TEMP TABLE IF NOT EXISTS purge_ids (id INTEGER PRIMARY KEY)",
+        [],
+    )?;
+    conn.execute("DELETE FROM temp.purge_ids", [])?;
+    let n = conn.execute(
+        "INSERT INTO temp.purge_ids (id)
+         SELECT r.id FROM requests r
+         WHERE r.received_at < ?1
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
+           AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)
+         ORDER BY r.id LIMIT ?2",
+        params![before.0, limit as i64],
+    )?;
+    conn.execute_batch(
+        "DELETE FROM attempts WHERE delivery_id IN
+            (SELECT id FROM deliveries WHERE request_id IN (SELECT id FROM temp.purge_ids));
+         DELETE FROM deliveries WHERE request_id IN (SELECT id FROM temp.purge_ids);
+         DELETE FROM request_keys WHERE request_id IN (SELECT id FROM temp.purge_ids);
+         DELETE FROM requests WHERE id IN (SELECT id FROM temp.purge_ids);
+         DELETE FROM temp.purge_ids;",
+    )?;
+    Ok(n as u64)
+}
+
+pub(crate) fn stats(conn: &Connection) -> rusqlite::Result<StoreStats> {
+    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+    Ok(StoreStats {
+        pending: count("SELECT count(*) FROM deliveries WHERE state = 'pending'")? as u64,
+        dead: count("SELECT count(*) FROM deliveries WHERE state = 'dead'")? as u64,
+        claims: count("SELECT count(*) FROM claims")? as u64,
+    })
+}

@@ -1,0 +1,147 @@
+//! The ingest transaction: record the request, claim each key, queue new events.
+//!
+//! Runs inside the writer's group commit. The claim is an insert on the `(source, key)`
+//! primary key that only overwrites an expired claim; if it changed nothing, the key is held
+//! and the stored body hash says duplicate or conflict.
+
+use hooklatch_core::store::{Claim, Ingest, IngestOutcome, Rejected, RequestRecord, Verdict};
+use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
+use rusqlite::{params, Connection};
+
+use crate::headers;
+
+pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<IngestOutcome> {
+    let now = ingest.request.received_at;
+    let keys: Vec<&str> = ingest.events.iter().map(|e| e.key.as_str()).collect();
+    let keys_json = serde_json::to_string(&keys).expect("a list of strings serializes");
+    let request_id = insert_request(
+        conn,
+        &ingest.request,
+        Verdict::Accepted,
+        None,
+        200,
+        &keys_json,
+    )?;
+    let source = ingest.source.as_str();
+    let expires_at = now.plus(ingest.retention);
+    let mut claims = Vec::with_capacity(ingest.events.len());
+    for event in &ingest.events {
+        conn.execute(
+            "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
+            params![event.key.as_str(), request_id.0],
+        )?;
+        let inserted = conn.execute(
+            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (source, key) DO UPDATE SET
+                body_sha256 = excluded.body_sha256, request_id = excluded.request_id,
+                claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
+             WHERE claims.expires_at <= excluded.claimed_at",
+            params![
+                source,
+                event.key.as_str(),
+                &ingest.body_sha256[..],
+                request_id.0,
+                now.0,
+                expires_at.0
+            ],
+        )?;
+        let claim = if inserted == 1 {
+            let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
+            let mut deliveries = Vec::with_capacity(ingest.destinations.len());
+            for destination in &ingest.destinations {
+                conn.execute(
+                    "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+                        idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7, ?7)",
+                    params![
+                        request_id.0,
+                        source,
+                        event.key.as_str(),
+                        event.event_type,
+                        destination,
+                        idempotency_key.as_str(),
+                        now.0
+                    ],
+                )?;
+                deliveries.push(DeliveryId(conn.last_insert_rowid()));
+            }
+            Claim::New { deliveries }
+        } else {
+            let (sha, first_request, first_seen): (Vec<u8>, i64, i64) = conn.query_row(
+                "SELECT body_sha256, request_id, claimed_at FROM claims WHERE source = ?1 AND key = ?2",
+                params![source, event.key.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            if sha.as_slice() == ingest.body_sha256.as_slice() {
+                Claim::Duplicate {
+                    first_request: RequestId(first_request),
+                    first_seen: Timestamp(first_seen),
+                }
+            } else {
+                let mut first_body_sha256 = [0u8; 32];
+                if sha.len() == 32 {
+                    first_body_sha256.copy_from_slice(&sha);
+                }
+                Claim::Conflict {
+                    first_request: RequestId(first_request),
+                    first_body_sha256,
+                }
+            }
+        };
+        claims.push((event.key.clone(), claim));
+    }
+    let outcome = IngestOutcome { request_id, claims };
+    let verdict = outcome.verdict();
+    if verdict != Verdict::Accepted {
+        conn.execute(
+            "UPDATE requests SET verdict = ?1 WHERE id = ?2",
+            params![verdict.as_str(), request_id.0],
+        )?;
+    }
+    Ok(outcome)
+}
+
+pub(crate) fn record_rejection(
+    conn: &Connection,
+    rejected: &Rejected,
+) -> rusqlite::Result<RequestId> {
+    insert_request(
+        conn,
+        &rejected.request,
+        Verdict::Rejected,
+        Some(&rejected.code),
+        rejected.status,
+        "[]",
+    )
+}
+
+fn insert_request(
+    conn: &Connection,
+    request: &RequestRecord,
+    verdict: Verdict,
+    reason: Option<&str>,
+    status: u16,
+    keys_json: &str,
+) -> rusqlite::Result<RequestId> {
+    conn.execute(
+        "INSERT INTO requests (received_at, source, method, path, peer, headers, body,
+            body_truncated, verdict, reason, status, keys)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        params![
+            request.received_at.0,
+            request.source,
+            request.method,
+            request.path,
+            request.peer,
+            headers::encode(&request.headers),
+            &request.body[..],
+            request.body_truncated,
+            verdict.as_str(),
+            reason,
+            status,
+            keys_json
+        ],
+    )?;
+    Ok(RequestId(conn.last_insert_rowid()))
+}

@@ -1,0 +1,300 @@
+//! hooklatch-store-sqlite: the embedded default backend, one SQLite file.
+//!
+//! Durability: WAL with `synchronous=FULL`, checked on every connection at open; a commit is
+//! fsynced before [`Store::ingest`] returns. Throughput: every write goes through one writer
+//! thread ([`writer`]) that takes whatever jobs are waiting and commits them as one transaction
+//! (group commit), so one fsync covers many requests. Each job runs inside its own savepoint, so
+//! one job's failure does not undo its neighbours.
+//!
+//! Cancellation: callers hand a job to the writer thread and wait for its reply. A caller whose
+//! future is dropped (a provider hung up) only drops the reply; the job still commits or rolls
+//! back whole. Reads use a small pool of separate connections, which WAL lets run beside the
+//! writer.
+//!
+//! Layout: [`schema`] creates and migrates tables; [`writer`] is the group-commit thread;
+//! `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`].
+
+mod headers;
+mod history;
+mod ingest;
+mod outbox;
+pub mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hooklatch_core::store::{
+    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery, Purged,
+    Redrive, Rejected, RequestDetail, RequestFilter, RequestSummary, StoreStats,
+};
+use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
+use rusqlite::{Connection, OpenFlags};
+
+use crate::writer::Writer;
+
+/// How to open the store.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// The database file (created if missing).
+    pub path: PathBuf,
+    /// Cap on the file's size in pages (`PRAGMA max_page_count`); beyond it writes fail as
+    /// "full" and the gateway answers 503. `None` = SQLite's default (effectively unbounded).
+    pub max_page_count: Option<u64>,
+    /// Most jobs committed in one group commit.
+    pub max_batch: usize,
+    /// Read connections.
+    pub readers: usize,
+}
+
+impl SqliteOptions {
+    /// Options for a file, with defaults for the rest.
+    pub fn new(path: impl Into<PathBuf>) -> SqliteOptions {
+        SqliteOptions {
+            path: path.into(),
+            max_page_count: None,
+            max_batch: 512,
+            readers: 4,
+        }
+    }
+
+    /// Parses `sqlite://PATH[?max_page_count=N]` (also `sqlite:PATH`).
+    pub fn from_url(url: &str) -> Result<SqliteOptions, String> {
+        let rest = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+            .ok_or_else(|| format!("not a sqlite URL: {url}"))?;
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        if path.is_empty() {
+            return Err("sqlite URL has no file path".to_owned());
+        }
+        let mut opts = SqliteOptions::new(path);
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("max_page_count", n)) => {
+                    opts.max_page_count = Some(
+                        n.parse()
+                            .map_err(|_| format!("max_page_count is not a number: {n}"))?,
+                    );
+                }
+                _ => return Err(format!("unknown sqlite URL option: {pair}")),
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// The embedded store. Cheap to clone.
+#[derive(Clone)]
+pub struct SqliteStore {
+    writer: Writer,
+    readers: Arc<ReaderPool>,
+}
+
+struct ReaderPool {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl SqliteStore {
+    /// Opens (creating and migrating if needed) the database, checks its durability settings,
+    /// and starts the writer thread.
+    pub fn open(opts: &SqliteOptions) -> Result<SqliteStore, StoreError> {
+        if let Some(dir) = opts.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("creating directory {}: {e}", dir.display()))
+            })?;
+        }
+        let conn = open_connection(&opts.path, false)?;
+        if let Some(pages) = opts.max_page_count {
+            conn.pragma_update(None, "max_page_count", pages)
+                .map_err(map_err)?;
+        }
+        schema::migrate(&conn).map_err(map_err)?;
+        let writer = Writer::start(conn, opts.max_batch.max(1))?;
+        let readers = Arc::new(ReaderPool {
+            path: opts.path.clone(),
+            idle: Mutex::new(Vec::new()),
+        });
+        for _ in 0..opts.readers.max(1) {
+            let conn = open_connection(&opts.path, true)?;
+            readers.idle.lock().expect("reader pool lock").push(conn);
+        }
+        Ok(SqliteStore { writer, readers })
+    }
+
+    /// Runs `f` on a read connection, off the async runtime.
+    async fn read<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let pool = self.readers.clone();
+        tokio::task::spawn_blocking(move || {
+            let conn = pool.idle.lock().expect("reader pool lock").pop();
+            let conn = match conn {
+                Some(c) => c,
+                None => open_connection(&pool.path, true)?,
+            };
+            let res = f(&conn).map_err(map_err);
+            pool.idle.lock().expect("reader pool lock").push(conn);
+            res
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
+    }
+}
+
+/// Opens a connection with the durability settings every connection must have, and checks them.
+fn open_connection(path: &Path, read_only: bool) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| {
+        StoreError::Unavailable(format!("opening sqlite database {}: {e}", path.display()))
+    })?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(map_err)?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "wal", |r| r.get(0))
+        .map_err(map_err)?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(map_err)?;
+    conn.pragma_update(None, "foreign_keys", "ON")
+        .map_err(map_err)?;
+    let sync: i64 = conn
+        .pragma_query_value(None, "synchronous", |r| r.get(0))
+        .map_err(map_err)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(format!(
+            "sqlite journal_mode is {mode}, expected wal (is the file on a file system without shared memory?)"
+        )));
+    }
+    // 2 = FULL, 3 = EXTRA: both fsync the WAL at every commit.
+    if sync < 2 {
+        return Err(StoreError::Unavailable(format!(
+            "sqlite synchronous is {sync}, expected FULL (2) or EXTRA (3)"
+        )));
+    }
+    if read_only {
+        conn.pragma_update(None, "query_only", "ON")
+            .map_err(map_err)?;
+    }
+    Ok(conn)
+}
+
+/// Maps a SQLite error to the store's error: a full database is its own case.
+pub(crate) fn map_err(err: rusqlite::Error) -> StoreError {
+    if let rusqlite::Error::SqliteFailure(e, _) = &err {
+        if e.code == rusqlite::ErrorCode::DiskFull {
+            return StoreError::Full;
+        }
+    }
+    StoreError::Unavailable(err.to_string())
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
+        self.writer.run(move |tx| ingest::ingest(tx, &ingest)).await
+    }
+
+    async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
+        self.writer
+            .run(move |tx| ingest::record_rejection(tx, &rejected))
+            .await
+    }
+
+    async fn lease_due(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<LeasedDelivery>, StoreError> {
+        let owner = owner.to_owned();
+        self.writer
+            .run(move |tx| outbox::lease_due(tx, &owner, now, lease, limit))
+            .await
+    }
+
+    async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
+        self.writer
+            .run(move |tx| outbox::record_attempt(tx, &result))
+            .await
+    }
+
+    async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
+        let owner = owner.to_owned();
+        self.writer
+            .run(move |tx| outbox::release_leases(tx, &owner))
+            .await
+    }
+
+    async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.read(outbox::next_due).await
+    }
+
+    async fn list_requests(
+        &self,
+        filter: RequestFilter,
+    ) -> Result<Vec<RequestSummary>, StoreError> {
+        self.read(move |c| history::list_requests(c, &filter)).await
+    }
+
+    async fn get_request(&self, id: RequestId) -> Result<Option<RequestDetail>, StoreError> {
+        self.read(move |c| history::get_request(c, id)).await
+    }
+
+    async fn list_deliveries(
+        &self,
+        filter: DeliveryFilter,
+    ) -> Result<Vec<DeliveryDetail>, StoreError> {
+        self.read(move |c| history::list_deliveries(c, &filter))
+            .await
+    }
+
+    async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
+        self.writer
+            .run(move |tx| outbox::redrive(tx, id, now))
+            .await
+    }
+
+    async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError> {
+        // Bounded batches, each its own short transaction, so ingest never waits long.
+        let mut total = Purged::default();
+        loop {
+            let n = self
+                .writer
+                .run(move |tx| history::purge_claims(tx, now, history::PURGE_BATCH))
+                .await?;
+            total.claims += n;
+            if n < history::PURGE_BATCH {
+                break;
+            }
+        }
+        loop {
+            let n = self
+                .writer
+                .run(move |tx| history::purge_requests(tx, history_before, history::PURGE_BATCH))
+                .await?;
+            total.requests += n;
+            if n < history::PURGE_BATCH {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.read(history::stats).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.writer
+            .run(|tx| tx.query_row("SELECT 1", [], |_| Ok(())))
+            .await
+    }
+}

@@ -1,0 +1,149 @@
+//! The outbox: leasing due deliveries, recording attempts, releasing leases, redrive.
+//!
+//! A lease is `(lease_owner, lease_until)` on a pending row. A worker that dies holding one
+//! loses it when `lease_until` passes; a worker that stops cleanly gives it back at once.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use hooklatch_core::store::{AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redrive};
+use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::headers;
+
+pub(crate) fn lease_due(
+    conn: &Connection,
+    owner: &str,
+    now: Timestamp,
+    lease: Duration,
+    limit: u32,
+) -> rusqlite::Result<Vec<LeasedDelivery>> {
+    let until = now.plus(lease);
+    let mut stmt = conn.prepare_cached(
+        "UPDATE deliveries SET lease_owner = ?1, lease_until = ?2
+         WHERE id IN (
+            SELECT id FROM deliveries
+            WHERE state = 'pending' AND next_attempt_at <= ?3
+              AND (lease_until IS NULL OR lease_until <= ?3)
+            ORDER BY next_attempt_at LIMIT ?4)
+         RETURNING id, request_id, source, event_key, event_type, destination, idempotency_key,
+                   attempts, round_started_at",
+    )?;
+    let rows = stmt
+        .query_map(params![owner, until.0, now.0, limit], |r| {
+            Ok(LeasedDelivery {
+                id: DeliveryId(r.get(0)?),
+                request_id: RequestId(r.get(1)?),
+                source: r.get(2)?,
+                event_key: r.get(3)?,
+                event_type: r.get(4)?,
+                destination: r.get(5)?,
+                idempotency_key: IdempotencyKey::from_stored(r.get(6)?),
+                attempts: r.get(7)?,
+                round_started_at: Timestamp(r.get(8)?),
+                headers: Vec::new(),
+                body: Bytes::new(),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut body_stmt = conn.prepare_cached("SELECT headers, body FROM requests WHERE id = ?1")?;
+    let mut leased = Vec::with_capacity(rows.len());
+    for mut delivery in rows {
+        let (hdrs, body): (Vec<u8>, Vec<u8>) =
+            body_stmt.query_row([delivery.request_id.0], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        delivery.headers = headers::decode(&hdrs);
+        delivery.body = Bytes::from(body);
+        leased.push(delivery);
+    }
+    Ok(leased)
+}
+
+pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusqlite::Result<()> {
+    let number: i64 = conn
+        .query_row(
+            "SELECT total_attempts + 1 FROM deliveries WHERE id = ?1",
+            [result.delivery.0],
+            |r| r.get(0),
+        )
+        .optional()?
+        .unwrap_or(1);
+    conn.execute(
+        "INSERT OR REPLACE INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            result.delivery.0,
+            number,
+            result.started_at.0,
+            result.status,
+            result.latency.as_millis() as i64,
+            result.error
+        ],
+    )?;
+    let (state, next_at) = match result.next {
+        AttemptNext::Delivered => (DeliveryState::Delivered, None),
+        AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
+        AttemptNext::DeadLetter => (DeliveryState::Dead, None),
+    };
+    let now = result.started_at.plus(result.latency);
+    conn.execute(
+        "UPDATE deliveries SET state = ?2, attempts = attempts + 1, total_attempts = ?3,
+            next_attempt_at = COALESCE(?4, next_attempt_at), lease_owner = NULL, lease_until = NULL,
+            last_error = COALESCE(?5, last_error), updated_at = ?6
+         WHERE id = ?1",
+        params![
+            result.delivery.0,
+            state.as_str(),
+            number,
+            next_at,
+            result.error,
+            now.0
+        ],
+    )?;
+    Ok(())
+}
+
+pub(crate) fn release_leases(conn: &Connection, owner: &str) -> rusqlite::Result<()> {
+    conn.execute(
+        "UPDATE deliveries SET lease_owner = NULL, lease_until = NULL
+         WHERE lease_owner = ?1 AND state = 'pending'",
+        [owner],
+    )?;
+    Ok(())
+}
+
+pub(crate) fn next_due(conn: &Connection) -> rusqlite::Result<Option<Timestamp>> {
+    conn.query_row(
+        "SELECT MIN(MAX(next_attempt_at, COALESCE(lease_until, 0)))
+         FROM deliveries WHERE state = 'pending'",
+        [],
+        |r| r.get::<_, Option<i64>>(0),
+    )
+    .map(|v| v.map(Timestamp))
+}
+
+pub(crate) fn redrive(
+    conn: &Connection,
+    id: DeliveryId,
+    now: Timestamp,
+) -> rusqlite::Result<Redrive> {
+    let state: Option<String> = conn
+        .query_row("SELECT state FROM deliveries WHERE id = ?1", [id.0], |r| {
+            r.get(0)
+        })
+        .optional()?;
+    let Some(state) = state else {
+        return Ok(Redrive::NotFound);
+    };
+    let state = DeliveryState::parse(&state).unwrap_or(DeliveryState::Pending);
+    if state != DeliveryState::Dead {
+        return Ok(Redrive::NotDead(state));
+    }
+    conn.execute(
+        "UPDATE deliveries SET state = 'pending', attempts = 0, next_attempt_at = ?2, round_started_at = ?2,
+            lease_owner = NULL, lease_until = NULL, updated_at = ?2
+         WHERE id = ?1",
+        params![id.0, now.0],
+    )?;
+    Ok(Redrive::Queued)
+}

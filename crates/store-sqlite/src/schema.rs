@@ -1,0 +1,110 @@
+//! Tables and migrations. `PRAGMA user_version` holds the schema version; migrations run in
+//! order inside one transaction at open.
+//!
+//! Times are milliseconds since the Unix epoch. The claim table's primary key
+//! `(source, key)` is the unique constraint that decides which copy of an event is first.
+
+use rusqlite::Connection;
+
+/// Each entry moves the schema one version up.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE requests (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    received_at    INTEGER NOT NULL,
+    source         TEXT    NOT NULL,
+    method         TEXT    NOT NULL,
+    path           TEXT    NOT NULL,
+    peer           TEXT,
+    headers        BLOB    NOT NULL,
+    body           BLOB    NOT NULL,
+    body_truncated INTEGER NOT NULL DEFAULT 0,
+    verdict        TEXT    NOT NULL,
+    reason         TEXT,
+    status         INTEGER NOT NULL,
+    keys           TEXT    NOT NULL DEFAULT '[]'
+);
+CREATE INDEX requests_source ON requests (source, id);
+CREATE INDEX requests_verdict ON requests (verdict, id);
+CREATE INDEX requests_received ON requests (received_at);
+
+CREATE TABLE request_keys (
+    key        TEXT    NOT NULL,
+    request_id INTEGER NOT NULL,
+    PRIMARY KEY (key, request_id)
+) WITHOUT ROWID;
+
+CREATE TABLE claims (
+    source      TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    body_sha256 BLOB    NOT NULL,
+    request_id  INTEGER NOT NULL,
+    claimed_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL,
+    PRIMARY KEY (source, key)
+) WITHOUT ROWID;
+CREATE INDEX claims_expiry ON claims (expires_at);
+
+CREATE TABLE deliveries (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    request_id      INTEGER NOT NULL,
+    source          TEXT    NOT NULL,
+    event_key       TEXT    NOT NULL,
+    event_type      TEXT,
+    destination     TEXT    NOT NULL,
+    idempotency_key TEXT    NOT NULL,
+    state           TEXT    NOT NULL,
+    attempts        INTEGER NOT NULL DEFAULT 0,
+    total_attempts  INTEGER NOT NULL DEFAULT 0,
+    received_at     INTEGER NOT NULL,
+    round_started_at INTEGER NOT NULL,
+    next_attempt_at INTEGER NOT NULL,
+    lease_owner     TEXT,
+    lease_until     INTEGER,
+    last_error      TEXT,
+    updated_at      INTEGER NOT NULL
+);
+CREATE INDEX deliveries_due ON deliveries (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX deliveries_request ON deliveries (request_id);
+CREATE INDEX deliveries_state ON deliveries (state, id);
+
+CREATE TABLE attempts (
+    delivery_id INTEGER NOT NULL,
+    number      INTEGER NOT NULL,
+    started_at  INTEGER NOT NULL,
+    status      INTEGER,
+    latency_ms  INTEGER NOT NULL,
+    error       TEXT,
+    PRIMARY KEY (delivery_id, number)
+) WITHOUT ROWID;
+"#];
+
+/// The schema version this build writes.
+pub const VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Brings the database up to [`VERSION`]; refuses a database written by a newer build.
+pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+    let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if current > VERSION {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "database schema version {current} is newer than this hooklatch ({VERSION}); upgrade hooklatch"
+        )));
+    }
+    if current == VERSION {
+        return Ok(());
+    }
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let res = (|| {
+        for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+            conn.execute_batch(sql)?;
+            conn.pragma_update(None, "user_version", (i + 1) as i64)?;
+        }
+        Ok(())
+    })();
+    match res {
+        Ok(()) => conn.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
