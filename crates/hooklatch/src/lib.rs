@@ -1,1 +1,213 @@
-//! placeholder
+//! hooklatch: the idempotent webhook gateway, as a library.
+//!
+//! [`serve`] runs the whole gateway from [`Settings`]: it opens the store, binds the public
+//! and admin listeners, starts the delivery workers and the purge, and runs until its
+//! cancellation token fires. The `hooklatch` binary is a thin layer over this crate, so tests
+//! and embedders take the same path.
+//!
+//! Layout:
+//! - [`config`]: layered TOML and environment configuration, resolved into [`Settings`].
+//! - [`delivery`]: the workers that deliver the outbox to destinations with retries.
+//! - `server`: hyper connection handling with header timeouts and graceful drain.
+//! - `maintenance`: the purge of expired claims and old history, and store gauges.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod delivery;
+mod maintenance;
+mod server;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context;
+use hooklatch_core::Store;
+use hooklatch_http::{AdminState, IngestState};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Settings;
+pub use hooklatch_core as core;
+
+/// Opens the configured store.
+pub fn open_store(settings: &config::StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
+    match &settings.backend {
+        #[cfg(feature = "sqlite")]
+        config::StoreBackend::Sqlite(opts) => {
+            let store = hooklatch_store_sqlite::SqliteStore::open(opts)
+                .with_context(|| format!("opening the store at {}", opts.path.display()))?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+/// The process-wide Prometheus recorder (installed once; later calls share it).
+fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Suffix("_seconds".to_owned()),
+                    &[
+                        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+                        5.0, 10.0, 30.0,
+                    ],
+                )
+                .expect("bucket list is not empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("a metrics recorder was already installed; /metrics may be empty");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// Runs the gateway until `cancel` fires, then shuts down gracefully.
+pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
+    log_effective_config(&settings);
+    let metrics = metrics_handle();
+    let store = open_store(&settings.store)?;
+    let ingest_listener = TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("binding server.listen {}", settings.listen))?;
+    let admin_listener = TcpListener::bind(settings.admin_listen)
+        .await
+        .with_context(|| format!("binding server.admin_listen {}", settings.admin_listen))?;
+    if !settings.admin_listen.ip().is_loopback() {
+        tracing::warn!(addr = %settings.admin_listen, "the admin API listens beyond loopback; keep its token secret and the port private");
+    }
+
+    let enqueued = Arc::new(Notify::new());
+    let ready = Arc::new(AtomicBool::new(false));
+    let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
+        store: store.clone(),
+        sources: settings
+            .sources
+            .iter()
+            .map(|s| (s.name.to_string(), s.clone()))
+            .collect(),
+        body_limit: settings.body_limit,
+        body_timeout: settings.body_timeout,
+        enqueued: enqueued.clone(),
+    }));
+    let render = metrics.clone();
+    let admin = hooklatch_http::admin_router(Arc::new(AdminState {
+        store: store.clone(),
+        token: settings.admin_token.clone(),
+        metrics: Arc::new(move || render.render()),
+        ready: ready.clone(),
+        enqueued: enqueued.clone(),
+    }));
+
+    let destinations: HashMap<_, _> = settings
+        .destinations
+        .iter()
+        .map(|d| (d.name.clone(), Arc::new(d.clone())))
+        .collect();
+    let longest_timeout = settings
+        .destinations
+        .iter()
+        .map(|d| d.timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(30));
+    let worker = delivery::Worker {
+        store: store.clone(),
+        destinations,
+        client: delivery::Worker::client().context("building the delivery HTTP client")?,
+        owner: format!("{}-{}", std::process::id(), rand::random::<u32>()),
+        concurrency: settings.delivery.concurrency,
+        poll_interval: settings.delivery.poll_interval,
+        // A lease outlives any attempt: the longest timeout twice over, plus a margin.
+        lease: longest_timeout * 2 + Duration::from_secs(10),
+        enqueued: enqueued.clone(),
+    };
+
+    let stop_serving = CancellationToken::new();
+    let grace = settings.shutdown_grace;
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(server::serve(
+        "ingest",
+        ingest_listener,
+        ingest,
+        settings.header_timeout,
+        stop_serving.clone(),
+        grace,
+    ));
+    tasks.spawn(server::serve(
+        "admin",
+        admin_listener,
+        admin,
+        settings.header_timeout,
+        stop_serving.clone(),
+        grace,
+    ));
+    tasks.spawn(worker.run(stop_serving.clone(), grace));
+    tasks.spawn(maintenance::run(
+        store.clone(),
+        settings.store.clone(),
+        metrics,
+        stop_serving.clone(),
+    ));
+
+    ready.store(true, Ordering::Release);
+    tracing::info!(listen = %settings.listen, admin = %settings.admin_listen, "hooklatch is ready");
+    cancel.cancelled().await;
+    tracing::info!("shutting down: no new requests; finishing those in flight");
+    ready.store(false, Ordering::Release);
+    stop_serving.cancel();
+    while let Some(res) = tasks.join_next().await {
+        if let Err(err) = res {
+            tracing::error!(%err, "a gateway task panicked");
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn log_effective_config(settings: &Settings) {
+    let store = match &settings.store.backend {
+        #[cfg(feature = "sqlite")]
+        config::StoreBackend::Sqlite(o) => format!("sqlite {}", o.path.display()),
+    };
+    tracing::info!(
+        listen = %settings.listen,
+        admin_listen = %settings.admin_listen,
+        %store,
+        body_limit = settings.body_limit,
+        "configuration"
+    );
+    for s in &settings.sources {
+        tracing::info!(
+            source = %s.name,
+            provider = s.adapter.provider(),
+            secrets = s.secrets.len(),
+            destinations = ?s.destinations,
+            tolerance_s = s.tolerance.as_secs(),
+            retention_s = s.retention.as_secs(),
+            "source"
+        );
+    }
+    for d in &settings.destinations {
+        let mut url = d.url.clone();
+        let _ = url.set_password(None);
+        let _ = url.set_username("");
+        tracing::info!(
+            destination = %d.name,
+            url = %url,
+            signed = d.secret.is_some(),
+            max_attempts = d.retry.max_attempts,
+            "destination"
+        );
+    }
+    if settings.sources.is_empty() {
+        tracing::warn!("no [[sources]] configured: every request to /in/... will get 404");
+    }
+}

@@ -67,7 +67,7 @@ pub(crate) async fn retry(
     let id = DeliveryId::parse(&id).ok_or_else(|| ApiError::not_found("no such delivery"))?;
     match state.store.redrive(id, Timestamp::now()).await? {
         Redrive::Queued => {
-            state.enqueued.notify_waiters();
+            state.enqueued.notify_one();
             tracing::info!(delivery = %id, "dead-lettered delivery queued again");
             Ok((
                 StatusCode::ACCEPTED,

@@ -150,7 +150,7 @@ async fn accept(
     };
     let verdict = outcome.verdict();
     if verdict == Verdict::Accepted {
-        state.enqueued.notify_waiters();
+        state.enqueued.notify_one();
     }
     let n_conflicts = outcome
         .claims

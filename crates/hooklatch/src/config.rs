@@ -1,0 +1,816 @@
+//! Configuration: layered TOML, resolved once into typed [`Settings`].
+//!
+//! Layers, later wins: `config.default.toml` (embedded; it documents every key), the file given
+//! with `--config`, then `HOOKLATCH_<SECTION>__<KEY>` environment variables. The merged document
+//! is deserialized with unknown keys refused, then resolved: secrets read, providers built,
+//! references checked. Every error names the key it is about (`sources[0].secrets[1]: …`).
+//!
+//! Raw structs mirror the file and stay private; the rest of the crate sees only [`Settings`].
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hooklatch_core::provider::{
+    Generic, GenericSettings, GitHub, SignatureEncoding, StandardWebhooks, Stripe,
+};
+use hooklatch_core::{ProviderAdapter, RetryPolicy, Secret, SourceName};
+use hooklatch_http::Source;
+use serde::Deserialize;
+use toml::Value;
+
+/// The documented defaults, the base layer.
+pub const DEFAULT_CONFIG: &str = include_str!("../../../config.default.toml");
+
+/// A configuration error, naming the key at fault.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+fn err(key: impl std::fmt::Display, msg: impl std::fmt::Display) -> ConfigError {
+    ConfigError(format!("{key}: {msg}"))
+}
+
+/// Everything `serve` needs, validated.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Public listener.
+    pub listen: SocketAddr,
+    /// Admin listener.
+    pub admin_listen: SocketAddr,
+    /// Admin bearer token.
+    pub admin_token: Secret,
+    /// Largest body accepted.
+    pub body_limit: usize,
+    /// Time allowed for request headers.
+    pub header_timeout: Duration,
+    /// Time allowed for a request body.
+    pub body_timeout: Duration,
+    /// Grace period on shutdown.
+    pub shutdown_grace: Duration,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// The store.
+    pub store: StoreSettings,
+    /// Worker settings.
+    pub delivery: DeliverySettings,
+    /// Sources by name, resolved.
+    pub sources: Vec<Source>,
+    /// Destinations, resolved.
+    pub destinations: Vec<Destination>,
+}
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Which backend, chosen by the URL's scheme.
+#[derive(Debug, Clone)]
+pub enum StoreBackend {
+    /// The embedded SQLite file.
+    #[cfg(feature = "sqlite")]
+    Sqlite(hooklatch_store_sqlite::SqliteOptions),
+}
+
+/// Store settings.
+#[derive(Debug, Clone)]
+pub struct StoreSettings {
+    /// The backend.
+    pub backend: StoreBackend,
+    /// How long history is kept.
+    pub history_retention: Duration,
+    /// How often the purge runs.
+    pub purge_interval: Duration,
+}
+
+/// Delivery worker settings.
+#[derive(Debug, Clone)]
+pub struct DeliverySettings {
+    /// Deliveries in flight at once.
+    pub concurrency: usize,
+    /// Idle poll interval.
+    pub poll_interval: Duration,
+}
+
+/// A destination, resolved.
+#[derive(Debug, Clone)]
+pub struct Destination {
+    /// Its name.
+    pub name: String,
+    /// Where to POST.
+    pub url: reqwest::Url,
+    /// Signs deliveries (Standard Webhooks scheme) when set.
+    pub secret: Option<Secret>,
+    /// Time allowed for one attempt.
+    pub timeout: Duration,
+    /// Retries.
+    pub retry: RetryPolicy,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    server: RawServer,
+    store: RawStore,
+    delivery: RawDelivery,
+    sources: Vec<RawSource>,
+    destinations: Vec<RawDestination>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: String,
+    admin_listen: String,
+    admin_token: Option<String>,
+    body_limit: Value,
+    header_timeout: Value,
+    body_timeout: Value,
+    shutdown_grace: Value,
+    log_format: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    url: String,
+    history_retention: Value,
+    purge_interval: Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDelivery {
+    concurrency: i64,
+    poll_interval: Value,
+    timeout: Value,
+    max_attempts: i64,
+    initial_backoff: Value,
+    max_backoff: Value,
+    jitter: f64,
+    max_age: Value,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    name: String,
+    provider: String,
+    #[serde(default)]
+    secrets: Vec<String>,
+    #[serde(default)]
+    destinations: Vec<String>,
+    tolerance: Option<Value>,
+    retention: Option<Value>,
+    signature_header: Option<String>,
+    signature_encoding: Option<String>,
+    signature_prefix: Option<String>,
+    key_header: Option<String>,
+    key_pointer: Option<String>,
+    type_header: Option<String>,
+    type_pointer: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDestination {
+    name: String,
+    url: String,
+    secret: Option<String>,
+    timeout: Option<Value>,
+    max_attempts: Option<i64>,
+    initial_backoff: Option<Value>,
+    max_backoff: Option<Value>,
+    jitter: Option<f64>,
+    max_age: Option<Value>,
+}
+
+/// Default dedup retention: 7 days covers every provider of this release (Stripe retries for
+/// 3 days, GitHub redelivery 3 days, Standard Webhooks about 3 days).
+const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// Default signed-timestamp tolerance (Stripe's and Standard Webhooks' libraries use 300 s).
+const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+
+/// Loads the layers and resolves them. `env` is the process environment (passed in for tests).
+pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settings, ConfigError> {
+    let mut doc: Value = toml::from_str(DEFAULT_CONFIG)
+        .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
+    if let Some(path) = file {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("reading {}: {e}", path.display())))?;
+        let overlay: Value =
+            toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        merge(&mut doc, overlay);
+    }
+    apply_env(&mut doc, env)?;
+    let raw: RawConfig = serde_path_to_error::deserialize(doc).map_err(|e| {
+        let origin = file.map_or("configuration".to_owned(), |p| p.display().to_string());
+        ConfigError(format!(
+            "{origin}: {}: {}",
+            e.path(),
+            e.inner().message().trim()
+        ))
+    })?;
+    resolve(raw, env, file.and_then(Path::parent))
+}
+
+/// Tables merge key by key; anything else (arrays included) is replaced.
+fn merge(base: &mut Value, overlay: Value) {
+    match (base, overlay) {
+        (Value::Table(base), Value::Table(overlay)) => {
+            for (k, v) in overlay {
+                match base.get_mut(&k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        base.insert(k, v);
+                    }
+                }
+            }
+        }
+        (base, overlay) => *base = overlay,
+    }
+}
+
+/// Applies `HOOKLATCH_A__B__C=value`: `a.b.c`, where a segment naming an array of tables
+/// selects the element whose `name` matches (case-insensitive, `-` written as `_`).
+fn apply_env(doc: &mut Value, env: &HashMap<String, String>) -> Result<(), ConfigError> {
+    let mut vars: Vec<(&String, &String)> = env
+        .iter()
+        .filter(|(k, _)| k.starts_with("HOOKLATCH_") && k.contains("__"))
+        .collect();
+    vars.sort();
+    for (var, raw_value) in vars {
+        let path: Vec<String> = var["HOOKLATCH_".len()..]
+            .split("__")
+            .map(str::to_ascii_lowercase)
+            .collect();
+        let value = toml::from_str::<toml::Table>(&format!("v = {raw_value}"))
+            .ok()
+            .and_then(|mut t| t.remove("v"))
+            .unwrap_or_else(|| Value::String(raw_value.clone()));
+        let mut node = &mut *doc;
+        let (last, parents) = path.split_last().expect("split yields at least one part");
+        for part in parents {
+            node = match node {
+                Value::Table(t) => t
+                    .entry(part.clone())
+                    .or_insert_with(|| Value::Table(Default::default())),
+                Value::Array(items) => items
+                    .iter_mut()
+                    .find(|item| {
+                        item.get("name")
+                            .and_then(Value::as_str)
+                            .is_some_and(|n| n.replace('-', "_").eq_ignore_ascii_case(part))
+                    })
+                    .ok_or_else(|| err(var, format!("no entry named {part:?}")))?,
+                _ => return Err(err(var, format!("{part:?} is not a section"))),
+            };
+        }
+        match node {
+            Value::Table(t) => {
+                t.insert(last.clone(), value);
+            }
+            _ => return Err(err(var, "does not name a setting")),
+        }
+    }
+    Ok(())
+}
+
+fn resolve(
+    raw: RawConfig,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Settings, ConfigError> {
+    let s = &raw.server;
+    let listen = parse_addr("server.listen", &s.listen)?;
+    let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
+    let token_ref = s
+        .admin_token
+        .as_deref()
+        .ok_or_else(|| err("server.admin_token", "is required"))?;
+    let admin_token = read_secret("server.admin_token", token_ref, env, base_dir)?;
+    if admin_token.expose().len() < 16 {
+        return Err(err(
+            "server.admin_token",
+            "must be at least 16 characters (generate one with `openssl rand -hex 32`)",
+        ));
+    }
+    let log_format = match s.log_format.as_str() {
+        "human" => LogFormat::Human,
+        "json" => LogFormat::Json,
+        other => {
+            return Err(err(
+                "server.log_format",
+                format!("{other:?}: expected \"human\" or \"json\""),
+            ))
+        }
+    };
+
+    let store = StoreSettings {
+        backend: parse_store_url("store.url", &raw.store.url)?,
+        history_retention: duration("store.history_retention", &raw.store.history_retention)?,
+        purge_interval: positive("store.purge_interval", &raw.store.purge_interval)?,
+    };
+
+    let d = &raw.delivery;
+    let concurrency = usize::try_from(d.concurrency)
+        .ok()
+        .filter(|n| (1..=4096).contains(n))
+        .ok_or_else(|| err("delivery.concurrency", "must be between 1 and 4096"))?;
+    let default_retry = RetryPolicy {
+        initial_backoff: positive("delivery.initial_backoff", &d.initial_backoff)?,
+        max_backoff: positive("delivery.max_backoff", &d.max_backoff)?,
+        max_attempts: attempts("delivery.max_attempts", d.max_attempts)?,
+        max_age: positive("delivery.max_age", &d.max_age)?,
+        jitter: jitter("delivery.jitter", d.jitter)?,
+    };
+    let default_timeout = positive("delivery.timeout", &d.timeout)?;
+
+    let mut destinations = Vec::with_capacity(raw.destinations.len());
+    let mut seen = HashSet::new();
+    for (i, rd) in raw.destinations.iter().enumerate() {
+        let key = format!("destinations[{i}]");
+        if rd.name.is_empty() || !seen.insert(rd.name.clone()) {
+            return Err(err(
+                format!("{key}.name"),
+                format!("{:?} is empty or used twice", rd.name),
+            ));
+        }
+        let url = reqwest::Url::parse(&rd.url).map_err(|e| err(format!("{key}.url"), e))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(err(format!("{key}.url"), "must be http:// or https://"));
+        }
+        let opt = |field: &str, v: &Option<Value>, default: Duration| match v {
+            Some(v) => positive(&format!("{key}.{field}"), v),
+            None => Ok(default),
+        };
+        let retry = RetryPolicy {
+            initial_backoff: opt(
+                "initial_backoff",
+                &rd.initial_backoff,
+                default_retry.initial_backoff,
+            )?,
+            max_backoff: opt("max_backoff", &rd.max_backoff, default_retry.max_backoff)?,
+            max_attempts: rd
+                .max_attempts
+                .map(|n| attempts(&format!("{key}.max_attempts"), n))
+                .transpose()?
+                .unwrap_or(default_retry.max_attempts),
+            max_age: opt("max_age", &rd.max_age, default_retry.max_age)?,
+            jitter: rd
+                .jitter
+                .map(|j| jitter(&format!("{key}.jitter"), j))
+                .transpose()?
+                .unwrap_or(default_retry.jitter),
+        };
+        destinations.push(Destination {
+            name: rd.name.clone(),
+            url,
+            secret: rd
+                .secret
+                .as_deref()
+                .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
+                .transpose()?,
+            timeout: opt("timeout", &rd.timeout, default_timeout)?,
+            retry,
+        });
+    }
+
+    let mut sources = Vec::with_capacity(raw.sources.len());
+    let mut seen = HashSet::new();
+    for (i, rs) in raw.sources.iter().enumerate() {
+        let key = format!("sources[{i}]");
+        let name = SourceName::parse(&rs.name).map_err(|e| err(format!("{key}.name"), e))?;
+        if !seen.insert(rs.name.clone()) {
+            return Err(err(
+                format!("{key}.name"),
+                format!("{:?} is used twice", rs.name),
+            ));
+        }
+        let adapter = build_adapter(&key, rs)?;
+        if rs.secrets.is_empty() {
+            return Err(err(
+                format!("{key}.secrets"),
+                "at least one signing secret is required",
+            ));
+        }
+        let secrets = rs
+            .secrets
+            .iter()
+            .enumerate()
+            .map(|(j, s)| read_secret(&format!("{key}.secrets[{j}]"), s, env, base_dir))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (j, dest) in rs.destinations.iter().enumerate() {
+            if !destinations.iter().any(|d| &d.name == dest) {
+                return Err(err(
+                    format!("{key}.destinations[{j}]"),
+                    format!("no destination named {dest:?}"),
+                ));
+            }
+        }
+        let tolerance = rs
+            .tolerance
+            .as_ref()
+            .map(|v| positive(&format!("{key}.tolerance"), v))
+            .transpose()?
+            .unwrap_or(DEFAULT_TOLERANCE);
+        let retention = rs
+            .retention
+            .as_ref()
+            .map(|v| positive(&format!("{key}.retention"), v))
+            .transpose()?
+            .unwrap_or(DEFAULT_RETENTION);
+        sources.push(Source {
+            name,
+            adapter,
+            secrets,
+            tolerance,
+            retention,
+            destinations: rs.destinations.clone(),
+        });
+    }
+
+    Ok(Settings {
+        listen,
+        admin_listen,
+        admin_token,
+        body_limit: size("server.body_limit", &s.body_limit)?,
+        header_timeout: positive("server.header_timeout", &s.header_timeout)?,
+        body_timeout: positive("server.body_timeout", &s.body_timeout)?,
+        shutdown_grace: duration("server.shutdown_grace", &s.shutdown_grace)?,
+        log_format,
+        store,
+        delivery: DeliverySettings {
+            concurrency,
+            poll_interval: positive("delivery.poll_interval", &d.poll_interval)?,
+        },
+        sources,
+        destinations,
+    })
+}
+
+fn build_adapter(key: &str, rs: &RawSource) -> Result<Arc<dyn ProviderAdapter>, ConfigError> {
+    let generic_only = [
+        ("signature_header", rs.signature_header.is_some()),
+        ("signature_encoding", rs.signature_encoding.is_some()),
+        ("signature_prefix", rs.signature_prefix.is_some()),
+        ("key_header", rs.key_header.is_some()),
+        ("key_pointer", rs.key_pointer.is_some()),
+        ("type_header", rs.type_header.is_some()),
+        ("type_pointer", rs.type_pointer.is_some()),
+    ];
+    if rs.provider != "generic" {
+        if let Some((field, _)) = generic_only.iter().find(|(_, set)| *set) {
+            return Err(err(
+                format!("{key}.{field}"),
+                "only applies to provider = \"generic\"",
+            ));
+        }
+    }
+    Ok(match rs.provider.as_str() {
+        "stripe" => Arc::new(Stripe),
+        "github" => Arc::new(GitHub),
+        "standard-webhooks" => Arc::new(StandardWebhooks),
+        "generic" => {
+            let signature_header = rs.signature_header.clone().ok_or_else(|| {
+                err(format!("{key}.signature_header"), "is required for a generic source")
+            })?;
+            http::HeaderName::from_bytes(signature_header.as_bytes()).map_err(|_| {
+                err(format!("{key}.signature_header"), "is not a valid header name")
+            })?;
+            let encoding = match rs.signature_encoding.as_deref().unwrap_or("hex") {
+                "hex" => SignatureEncoding::Hex,
+                "base64" => SignatureEncoding::Base64,
+                other => {
+                    return Err(err(
+                        format!("{key}.signature_encoding"),
+                        format!("{other:?}: expected \"hex\" or \"base64\""),
+                    ))
+                }
+            };
+            match (&rs.key_header, &rs.key_pointer) {
+                (None, None) => {
+                    return Err(err(
+                        format!("{key}.key_header"),
+                        "a generic source needs key_header or key_pointer",
+                    ))
+                }
+                (_, Some(p)) if !p.is_empty() && !p.starts_with('/') => {
+                    return Err(err(
+                        format!("{key}.key_pointer"),
+                        "a JSON pointer starts with '/', e.g. \"/id\"",
+                    ))
+                }
+                _ => {}
+            }
+            Arc::new(Generic {
+                settings: GenericSettings {
+                    signature_header,
+                    encoding,
+                    prefix: rs.signature_prefix.clone(),
+                    key_header: rs.key_header.clone(),
+                    key_pointer: rs.key_pointer.clone(),
+                    type_header: rs.type_header.clone(),
+                    type_pointer: rs.type_pointer.clone(),
+                },
+            })
+        }
+        other => {
+            return Err(err(
+                format!("{key}.provider"),
+                format!(
+                    "unknown provider {other:?}; expected one of stripe, github, standard-webhooks, generic"
+                ),
+            ))
+        }
+    })
+}
+
+fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse()
+        .map_err(|_| err(key, format!("{s:?} is not an address like 127.0.0.1:8080")))
+}
+
+fn parse_store_url(key: &str, url: &str) -> Result<StoreBackend, ConfigError> {
+    #[cfg(feature = "sqlite")]
+    if url.starts_with("sqlite:") {
+        return hooklatch_store_sqlite::SqliteOptions::from_url(url)
+            .map(StoreBackend::Sqlite)
+            .map_err(|e| err(key, e));
+    }
+    Err(err(
+        key,
+        format!("unsupported store URL {url:?}; this build supports sqlite://PATH"),
+    ))
+}
+
+/// Reads a secret reference: `env:NAME`, `file:PATH` or a literal. The error never shows it.
+fn read_secret(
+    key: &str,
+    reference: &str,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Secret, ConfigError> {
+    let value = if let Some(name) = reference.strip_prefix("env:") {
+        env.get(name)
+            .cloned()
+            .ok_or_else(|| err(key, format!("environment variable {name} is not set")))?
+    } else if let Some(path) = reference.strip_prefix("file:") {
+        let path = Path::new(path);
+        let path = match base_dir {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_path_buf(),
+        };
+        std::fs::read_to_string(&path)
+            .map_err(|e| err(key, format!("reading {}: {e}", path.display())))?
+            .trim()
+            .to_owned()
+    } else {
+        reference.to_owned()
+    };
+    if value.is_empty() {
+        return Err(err(key, "is empty"));
+    }
+    Ok(Secret::from_text(&value))
+}
+
+fn attempts(key: &str, n: i64) -> Result<u32, ConfigError> {
+    u32::try_from(n)
+        .ok()
+        .filter(|n| (1..=1000).contains(n))
+        .ok_or_else(|| err(key, "must be between 1 and 1000"))
+}
+
+fn jitter(key: &str, j: f64) -> Result<f64, ConfigError> {
+    if (0.0..=1.0).contains(&j) {
+        Ok(j)
+    } else {
+        Err(err(key, "must be between 0.0 and 1.0"))
+    }
+}
+
+fn positive(key: &str, v: &Value) -> Result<Duration, ConfigError> {
+    let d = duration(key, v)?;
+    if d.is_zero() {
+        return Err(err(key, "must be greater than zero"));
+    }
+    Ok(d)
+}
+
+fn duration(key: &str, v: &Value) -> Result<Duration, ConfigError> {
+    match v {
+        Value::Integer(n) if *n >= 0 => Ok(Duration::from_secs(*n as u64)),
+        Value::String(s) => parse_duration(s).ok_or_else(|| {
+            err(
+                key,
+                format!("{s:?} is not a duration like \"250ms\", \"30s\", \"10m\", \"2h\", \"7d\""),
+            )
+        }),
+        _ => Err(err(key, "expected a duration like \"30s\"")),
+    }
+}
+
+fn size(key: &str, v: &Value) -> Result<usize, ConfigError> {
+    let n = match v {
+        Value::Integer(n) if *n > 0 => Some(*n as u64),
+        Value::String(s) => parse_size(s),
+        _ => None,
+    };
+    n.filter(|n| *n > 0)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| err(key, "expected a size like \"1MiB\" or a number of bytes"))
+}
+
+/// Parses `250ms`, `30s`, `10m`, `2h`, `7d`.
+pub fn parse_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let millis = match unit.trim() {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(millis).map(Duration::from_millis)
+}
+
+/// Parses `512KiB`, `1MiB`, `10MB`, `100B`.
+fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits.parse().ok()?;
+    let mult = match unit.trim() {
+        "" | "B" => 1,
+        "KB" => 1000,
+        "KiB" => 1024,
+        "MB" => 1_000_000,
+        "MiB" => 1 << 20,
+        "GB" => 1_000_000_000,
+        "GiB" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const TOKEN: (&str, &str) = ("HOOKLATCH_ADMIN_TOKEN", "0123456789abcdef0123");
+
+    fn load_str(toml: &str, env: &HashMap<String, String>) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hooklatch.toml");
+        std::fs::write(&path, toml).unwrap();
+        load(Some(&path), env)
+    }
+
+    #[track_caller]
+    fn check_err(toml: &str, env_pairs: &[(&str, &str)], expect: &str) {
+        let mut e = env(&[TOKEN]);
+        e.extend(env(env_pairs));
+        let msg = load_str(toml, &e).unwrap_err().to_string();
+        assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+    }
+
+    const EXAMPLE: &str = r#"
+[store]
+url = "sqlite://x.db"
+
+[[sources]]
+name = "stripe"
+provider = "stripe"
+secrets = ["env:STRIPE_WEBHOOK_SECRET"]
+destinations = ["app"]
+
+[[destinations]]
+name = "app"
+url = "http://127.0.0.1:3000/webhooks/stripe"
+"#;
+
+    #[test]
+    fn the_issue_example_loads_with_defaults() {
+        let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x")]);
+        let s = load_str(EXAMPLE, &e).unwrap();
+        assert_eq!(s.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(s.admin_listen.to_string(), "127.0.0.1:8081");
+        assert_eq!(s.body_limit, 1 << 20);
+        assert_eq!(s.sources[0].tolerance, Duration::from_secs(300));
+        assert_eq!(s.sources[0].retention, Duration::from_secs(7 * 86_400));
+        assert_eq!(s.sources[0].secrets[0].expose(), b"whsec_x");
+        assert_eq!(s.destinations[0].retry.max_attempts, 12);
+    }
+
+    #[test]
+    fn environment_overrides_any_key_including_a_named_source() {
+        let e = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("HOOKLATCH_SERVER__LISTEN", "127.0.0.1:9999"),
+            ("HOOKLATCH_SERVER__BODY_LIMIT", "2048"),
+            ("HOOKLATCH_SOURCES__STRIPE__TOLERANCE", "10m"),
+            ("HOOKLATCH_DESTINATIONS__APP__MAX_ATTEMPTS", "3"),
+        ]);
+        let s = load_str(EXAMPLE, &e).unwrap();
+        assert_eq!(s.listen.port(), 9999);
+        assert_eq!(s.body_limit, 2048);
+        assert_eq!(s.sources[0].tolerance, Duration::from_secs(600));
+        assert_eq!(s.destinations[0].retry.max_attempts, 3);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let with_secret = [("STRIPE_WEBHOOK_SECRET", "whsec_x")];
+        check_err(
+            EXAMPLE,
+            &[],
+            "sources[0].secrets[0]: environment variable STRIPE_WEBHOOK_SECRET is not set",
+        );
+        check_err(
+            &EXAMPLE.replace("\"stripe\"\nsecrets", "\"strype\"\nsecrets"),
+            &with_secret,
+            "sources[0].provider: unknown provider \"strype\"",
+        );
+        check_err(
+            &EXAMPLE.replace("[\"app\"]", "[\"ap\"]"),
+            &with_secret,
+            "sources[0].destinations[0]: no destination named \"ap\"",
+        );
+        check_err(
+            &format!("{EXAMPLE}\n[server]\nlisten = \"nope\""),
+            &with_secret,
+            "server.listen",
+        );
+        check_err(
+            &format!("{EXAMPLE}\n[server]\nlistn = \"x\""),
+            &with_secret,
+            "unknown field `listn`",
+        );
+        check_err(
+            EXAMPLE,
+            &[
+                ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+                ("HOOKLATCH_DELIVERY__TIMEOUT", "soon"),
+            ],
+            "delivery.timeout",
+        );
+        check_err(
+            &EXAMPLE.replace("sqlite://x.db", "mysql://x"),
+            &with_secret,
+            "store.url: unsupported store URL",
+        );
+        check_err(
+            &EXAMPLE.replace(
+                "provider = \"stripe\"",
+                "provider = \"stripe\"\nkey_header = \"x\"",
+            ),
+            &with_secret,
+            "sources[0].key_header: only applies to provider = \"generic\"",
+        );
+    }
+
+    #[test]
+    fn a_short_admin_token_is_refused() {
+        let e = env(&[
+            ("HOOKLATCH_ADMIN_TOKEN", "short"),
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+        ]);
+        let msg = load_str(EXAMPLE, &e).unwrap_err().to_string();
+        assert!(
+            msg.starts_with("server.admin_token: must be at least 16"),
+            "{msg}"
+        );
+        assert!(!msg.contains("short"));
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration("7d"), Some(Duration::from_secs(604_800)));
+        assert_eq!(parse_duration("7"), None);
+        assert_eq!(parse_duration("x"), None);
+        assert_eq!(parse_size("1MiB"), Some(1 << 20));
+        assert_eq!(parse_size("10MB"), Some(10_000_000));
+        assert_eq!(parse_size("12"), Some(12));
+        assert_eq!(parse_size("1 parsec"), None);
+    }
+}

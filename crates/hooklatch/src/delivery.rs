@@ -1,0 +1,306 @@
+//! Delivery workers: take due deliveries from the outbox and POST them to their destinations.
+//!
+//! One dispatcher loop leases due rows (up to the free concurrency), spawns one task per
+//! delivery, and sleeps until woken by a new event, the next due time, a finished task or the
+//! poll interval. Each attempt sends the original body byte-exact with the original headers,
+//! plus `Idempotency-Key` (the same on every attempt) and, when the destination has a secret,
+//! a Standard Webhooks signature. 2xx is success; anything else, a redirect included, is a
+//! failure retried by the destination's [`RetryPolicy`](hooklatch_core::RetryPolicy).
+//!
+//! A worker that dies holding leases loses them when they expire, and the rows are delivered
+//! again with the same key: delivery is at least once, and the key lets the application's
+//! guard make the effect once. On shutdown, in-flight attempts get the grace period, then the
+//! worker gives its leases back.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hooklatch_core::provider::standard_webhooks::{decode_secret, sign_v1};
+use hooklatch_core::retry::{parse_retry_after, NextAttempt};
+use hooklatch_core::store::{AttemptNext, AttemptResult, LeasedDelivery};
+use hooklatch_core::{Store, Timestamp};
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Destination;
+
+/// Request headers never forwarded: hop-by-hop headers, ones the HTTP client sets itself, and
+/// the Standard Webhooks headers hooklatch writes with its own signature.
+const DROPPED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    "idempotency-key",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+];
+
+/// The dispatcher's settings.
+pub struct Worker {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) destinations: HashMap<String, Arc<Destination>>,
+    pub(crate) client: reqwest::Client,
+    pub(crate) owner: String,
+    pub(crate) concurrency: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) lease: Duration,
+    pub(crate) enqueued: Arc<Notify>,
+}
+
+impl Worker {
+    /// Builds the HTTP client deliveries use: no redirects, no proxy from the environment.
+    pub(crate) fn client() -> reqwest::Result<reqwest::Client> {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .user_agent(concat!("hooklatch/", env!("CARGO_PKG_VERSION")))
+            .connect_timeout(Duration::from_secs(10))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+    }
+
+    /// Runs until `cancel`, then lets in-flight attempts finish for up to `grace` and releases
+    /// the leases it still holds.
+    pub async fn run(self, cancel: CancellationToken, grace: Duration) {
+        let this = Arc::new(self);
+        let mut in_flight = JoinSet::new();
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            let free = this.concurrency.saturating_sub(in_flight.len());
+            let mut leased_all = false;
+            if free > 0 {
+                match this
+                    .store
+                    .lease_due(&this.owner, Timestamp::now(), this.lease, free as u32)
+                    .await
+                {
+                    Ok(batch) => {
+                        leased_all = batch.len() == free;
+                        for delivery in batch {
+                            let this = this.clone();
+                            in_flight.spawn(async move { this.deliver(delivery).await });
+                        }
+                    }
+                    Err(err) => tracing::warn!(%err, "could not lease deliveries"),
+                }
+            }
+            if leased_all && in_flight.len() < this.concurrency {
+                continue;
+            }
+            let sleep = this.time_to_next_due(leased_all).await;
+            tokio::select! {
+                _ = cancel.cancelled() => break,
+                _ = this.enqueued.notified() => {}
+                Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
+                    if let Err(err) = joined {
+                        tracing::error!(%err, "a delivery task panicked");
+                    }
+                }
+                _ = tokio::time::sleep(sleep) => {}
+            }
+        }
+        let drained = tokio::time::timeout(grace, async {
+            while in_flight.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                n = in_flight.len(),
+                "shutdown grace over; abandoning attempts in flight"
+            );
+            in_flight.abort_all();
+        }
+        if let Err(err) = this.store.release_leases(&this.owner).await {
+            tracing::warn!(%err, "could not release leases; they expire by themselves");
+        }
+    }
+
+    async fn time_to_next_due(&self, busy: bool) -> Duration {
+        if busy {
+            return self.poll_interval;
+        }
+        match self.store.next_due().await {
+            Ok(Some(at)) => at.since(Timestamp::now()).min(self.poll_interval),
+            _ => self.poll_interval,
+        }
+    }
+
+    /// One attempt, recorded.
+    async fn deliver(&self, delivery: LeasedDelivery) {
+        let attempt = delivery.attempts + 1;
+        let span = tracing::debug_span!("delivery", id = %delivery.id, destination = %delivery.destination, attempt);
+        let _enter = span.enter();
+        let started_at = Timestamp::now();
+        let clock = Instant::now();
+        let Some(dest) = self.destinations.get(&delivery.destination).cloned() else {
+            self.record(AttemptResult {
+                delivery: delivery.id,
+                started_at,
+                latency: Duration::ZERO,
+                status: None,
+                error: Some(format!(
+                    "destination {:?} is no longer configured",
+                    delivery.destination
+                )),
+                next: AttemptNext::DeadLetter,
+            })
+            .await;
+            return;
+        };
+        drop(_enter);
+        let outcome = self.send(&dest, &delivery, attempt, started_at).await;
+        let latency = clock.elapsed();
+        let now = Timestamp::now();
+        let (status, error, retry_after) = match outcome {
+            Ok((status, _)) if (200..300).contains(&status) => (Some(status), None, None),
+            Ok((status, retry_after)) => {
+                let error = if (300..400).contains(&status) {
+                    format!("HTTP {status}: redirects are not followed")
+                } else {
+                    format!("HTTP {status}")
+                };
+                (
+                    Some(status),
+                    Some(error),
+                    retry_after.and_then(|v| parse_retry_after(&v, now)),
+                )
+            }
+            Err(error) => (None, Some(error), None),
+        };
+        let next = if error.is_none() {
+            AttemptNext::Delivered
+        } else {
+            match dest.retry.next(
+                attempt,
+                delivery.round_started_at,
+                now,
+                retry_after,
+                &mut rand::rng(),
+            ) {
+                NextAttempt::At(at) => AttemptNext::RetryAt(at),
+                NextAttempt::GiveUp => AttemptNext::DeadLetter,
+            }
+        };
+        let outcome_label = match next {
+            AttemptNext::Delivered => "delivered",
+            AttemptNext::RetryAt(_) => "retry",
+            AttemptNext::DeadLetter => "dead_letter",
+        };
+        metrics::counter!("hooklatch_delivery_attempts_total",
+            "destination" => dest.name.clone(), "outcome" => outcome_label)
+        .increment(1);
+        metrics::histogram!("hooklatch_delivery_seconds", "destination" => dest.name.clone())
+            .record(latency.as_secs_f64());
+        match (&next, &error) {
+            (AttemptNext::DeadLetter, Some(e)) => {
+                tracing::warn!(id = %delivery.id, destination = %dest.name, attempt, error = %e, "delivery dead-lettered")
+            }
+            (AttemptNext::RetryAt(_), Some(e)) => {
+                tracing::debug!(id = %delivery.id, destination = %dest.name, attempt, error = %e, "delivery failed, will retry")
+            }
+            _ => tracing::debug!(id = %delivery.id, destination = %dest.name, attempt, "delivered"),
+        }
+        self.record(AttemptResult {
+            delivery: delivery.id,
+            started_at,
+            latency,
+            status,
+            error,
+            next,
+        })
+        .await;
+    }
+
+    async fn record(&self, result: AttemptResult) {
+        if let Err(err) = self.store.record_attempt(result).await {
+            // The lease runs out and the delivery is attempted again, with the same key.
+            tracing::warn!(%err, "could not record a delivery attempt");
+        }
+    }
+
+    /// Sends one attempt; returns the status and any `Retry-After`, or a safe error message.
+    async fn send(
+        &self,
+        dest: &Destination,
+        delivery: &LeasedDelivery,
+        attempt: u32,
+        now: Timestamp,
+    ) -> Result<(u16, Option<String>), String> {
+        let mut req = self
+            .client
+            .post(dest.url.clone())
+            .timeout(dest.timeout)
+            .body(delivery.body.clone());
+        for (name, value) in &delivery.headers {
+            if DROPPED_HEADERS.contains(&name.as_str()) || name.starts_with("hooklatch-") {
+                continue;
+            }
+            req = req.header(name.as_str(), value.as_slice());
+        }
+        let key = delivery.idempotency_key.as_str();
+        req = req
+            .header("idempotency-key", key)
+            .header("hooklatch-delivery-id", delivery.id.to_string())
+            .header("hooklatch-attempt", attempt.to_string())
+            .header("hooklatch-source", delivery.source.as_str());
+        if let Some(event_type) = &delivery.event_type {
+            req = req.header("hooklatch-event-type", event_type.as_str());
+        }
+        if let Some(key_bytes) = dest.secret.as_ref().and_then(decode_secret) {
+            let ts = now.as_secs();
+            req = req
+                .header("webhook-id", key)
+                .header("webhook-timestamp", ts.to_string())
+                .header(
+                    "webhook-signature",
+                    sign_v1(&key_bytes, key, ts, &delivery.body),
+                );
+        }
+        match req.send().await {
+            Ok(res) => {
+                let retry_after = res
+                    .headers()
+                    .get(reqwest::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                Ok((res.status().as_u16(), retry_after))
+            }
+            Err(err) => Err(describe(&err, dest.timeout)),
+        }
+    }
+}
+
+/// A reqwest error as a short message without the URL (which may carry credentials).
+fn describe(err: &reqwest::Error, timeout: Duration) -> String {
+    if err.is_timeout() {
+        return format!("timed out after {}ms", timeout.as_millis());
+    }
+    let kind = if err.is_connect() {
+        "connection failed"
+    } else if err.is_request() || err.is_body() {
+        "sending the request failed"
+    } else {
+        "request failed"
+    };
+    let mut msg = kind.to_owned();
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
