@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hooklatch_core::provider::standard_webhooks::decode_secret;
 use hooklatch_core::provider::{
     Generic, GenericSettings, GitHub, SignatureEncoding, StandardWebhooks, Stripe,
 };
@@ -192,9 +193,6 @@ struct RawDestination {
     max_age: Option<Value>,
 }
 
-/// Default dedup retention: 7 days covers every provider of this release (Stripe retries for
-/// 3 days, GitHub redelivery 3 days, Standard Webhooks about 3 days).
-const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Default signed-timestamp tolerance (Stripe's and Standard Webhooks' libraries use 300 s).
 const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
@@ -370,14 +368,21 @@ fn resolve(
                 .transpose()?
                 .unwrap_or(default_retry.jitter),
         };
+        let secret = rd
+            .secret
+            .as_deref()
+            .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
+            .transpose()?;
+        if secret.as_ref().is_some_and(|s| decode_secret(s).is_none()) {
+            return Err(err(
+                format!("{key}.secret"),
+                "a secret starting with whsec_ must continue with base64 (Standard Webhooks format)",
+            ));
+        }
         destinations.push(Destination {
             name: rd.name.clone(),
             url,
-            secret: rd
-                .secret
-                .as_deref()
-                .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
-                .transpose()?,
+            secret,
             timeout: opt("timeout", &rd.timeout, default_timeout)?,
             retry,
         });
@@ -426,7 +431,7 @@ fn resolve(
             .as_ref()
             .map(|v| positive(&format!("{key}.retention"), v))
             .transpose()?
-            .unwrap_or(DEFAULT_RETENTION);
+            .unwrap_or_else(|| adapter.default_retention());
         sources.push(Source {
             name,
             adapter,
@@ -715,7 +720,8 @@ url = "http://127.0.0.1:3000/webhooks/stripe"
         assert_eq!(s.admin_listen.to_string(), "127.0.0.1:8081");
         assert_eq!(s.body_limit, 1 << 20);
         assert_eq!(s.sources[0].tolerance, Duration::from_secs(300));
-        assert_eq!(s.sources[0].retention, Duration::from_secs(7 * 86_400));
+        // Stripe's default covers its CLI's 30-day resend window.
+        assert_eq!(s.sources[0].retention, Duration::from_secs(35 * 86_400));
         assert_eq!(s.sources[0].secrets[0].expose(), b"whsec_x");
         assert_eq!(s.destinations[0].retry.max_attempts, 12);
     }

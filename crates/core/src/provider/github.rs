@@ -83,6 +83,12 @@ impl ProviderAdapter for GitHub {
             ),
         ]
     }
+
+    /// 10 days: redelivery is possible for 3 days on github.com and 7 on GitHub Enterprise
+    /// Server, plus a margin.
+    fn default_retention(&self) -> Duration {
+        Duration::from_secs(10 * 24 * 3600)
+    }
 }
 
 fn malformed(detail: &str) -> Rejection {

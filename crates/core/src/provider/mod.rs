@@ -161,7 +161,16 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
 
     /// The headers a provider would send with `req.body` (signature, timestamp and key headers).
     fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)>;
+
+    /// How long a claimed key is kept unless the source says otherwise: at least 7 days, and
+    /// at least the provider's longest redelivery path plus a margin.
+    fn default_retention(&self) -> Duration {
+        MIN_RETENTION
+    }
 }
+
+/// The shortest default retention of any provider: 7 days.
+pub const MIN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Whether `signed` (unix seconds) is within `tolerance` of `now`, in both directions.
 pub(crate) fn check_tolerance(
@@ -197,4 +206,30 @@ pub(crate) fn event_key(raw: &str, place: &str) -> Result<EventKey, Rejection> {
     EventKey::parse(raw).map_err(|err| Rejection::MissingKey {
         detail: format!("{place} {err}"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_default_retention_is_at_least_seven_days() {
+        let settings = GenericSettings {
+            signature_header: "x-signature".to_owned(),
+            encoding: SignatureEncoding::Hex,
+            prefix: None,
+            key_header: Some("x-id".to_owned()),
+            key_pointer: None,
+            type_header: None,
+            type_pointer: None,
+        };
+        let adapters: [&dyn ProviderAdapter; 4] =
+            [&Stripe, &GitHub, &StandardWebhooks, &Generic { settings }];
+        for adapter in adapters {
+            assert!(adapter.default_retention() >= MIN_RETENTION, "{}", adapter.provider());
+        }
+        // Stripe's CLI resends for 30 days; GitHub Enterprise redelivers for 7.
+        assert!(Stripe.default_retention() > Duration::from_secs(30 * 86_400));
+        assert!(GitHub.default_retention() > Duration::from_secs(7 * 86_400));
+    }
 }

@@ -94,6 +94,12 @@ impl ProviderAdapter for Stripe {
             format!("t={timestamp},v1={}", mac.to_hex()),
         )]
     }
+
+    /// 35 days: the Stripe CLI resends an event for up to 30 days (the Dashboard 15, automatic
+    /// retries 3), plus a margin.
+    fn default_retention(&self) -> Duration {
+        Duration::from_secs(35 * 24 * 3600)
+    }
 }
 
 /// Splits `t=…,v1=…,v0=…` into the timestamp and the `v1` signatures. Items without `=` and
