@@ -24,6 +24,9 @@ use std::time::Duration;
 use axum::Router;
 use hooklatch_core::{ProviderAdapter, Secret, SourceName, Store};
 use tokio::sync::Notify;
+use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
+use tower_http::trace::{DefaultMakeSpan, DefaultOnRequest, DefaultOnResponse, TraceLayer};
+use tracing::Level;
 
 pub use error::ApiError;
 
@@ -77,10 +80,19 @@ pub struct AdminState {
 
 /// The public router: `POST /in/{source}`.
 pub fn ingest_router(state: Arc<IngestState>) -> Router {
-    routes::ingest::router(state)
+    routes::ingest::router(state).layer(trace_layer())
 }
 
 /// The admin router: `/v1/…`, `/metrics`, `/healthz`, `/readyz`.
 pub fn admin_router(state: Arc<AdminState>) -> Router {
-    routes::admin_router(state)
+    routes::admin_router(state).layer(trace_layer())
+}
+
+/// One span per request, at debug level, naming method and path only (no headers: they carry
+/// signatures and tokens).
+fn trace_layer() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>> {
+    TraceLayer::new_for_http()
+        .make_span_with(DefaultMakeSpan::new().level(Level::DEBUG))
+        .on_request(DefaultOnRequest::new().level(Level::DEBUG))
+        .on_response(DefaultOnResponse::new().level(Level::DEBUG))
 }
