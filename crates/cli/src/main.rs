@@ -40,6 +40,22 @@ requests in flight finish, deliveries in flight finish or are handed back.")]
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Send a realistic, signed test event to a gateway (or any handler), as the provider would.
+    #[command(after_help = "\
+Examples:
+  # A Stripe invoice.payment_succeeded, signed with the example config's secret:
+  hooklatch send stripe --secret whsec_local_development_only --to http://127.0.0.1:8080/in/stripe
+
+  # The same event id twice: the second answer says \"duplicate\"
+  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to http://127.0.0.1:8080/in/stripe
+
+  # A GitHub pull_request, the secret read from the environment:
+  hooklatch send github --event pull_request --secret env:GITHUB_WEBHOOK_SECRET --to http://127.0.0.1:8080/in/github
+
+  # What there is to send:
+  hooklatch send --list")]
+    Send(SendArgs),
     /// Check a configuration file (with the environment applied) and exit.
     #[command(after_help = "\
 Examples:
@@ -53,6 +69,31 @@ Examples:
         #[arg(long)]
         print_defaults: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct SendArgs {
+    /// The provider: stripe, github, standard-webhooks.
+    #[arg(required_unless_present = "list")]
+    provider: Option<String>,
+    /// The event type (default: the provider's first, e.g. invoice.payment_succeeded).
+    #[arg(long, value_name = "TYPE")]
+    event: Option<String>,
+    /// The event id (default: a fresh one shaped like the provider's).
+    #[arg(long)]
+    id: Option<String>,
+    /// The signing secret: a literal, env:NAME or file:PATH.
+    #[arg(long, required_unless_present = "list")]
+    secret: Option<String>,
+    /// Where to POST it, e.g. http://127.0.0.1:8080/in/stripe.
+    #[arg(long, value_name = "URL", required_unless_present = "list")]
+    to: Option<String>,
+    /// Print the request (headers and body) before sending.
+    #[arg(short, long)]
+    verbose: bool,
+    /// List the providers and event types there are.
+    #[arg(long)]
+    list: bool,
 }
 
 fn main() -> ExitCode {
@@ -82,6 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 hooklatch::serve(settings, cancel).await
             })
         }
+        Command::Send(args) => send(args, &env),
         Command::CheckConfig {
             config,
             print_defaults,
@@ -136,4 +178,59 @@ async fn cancel_on_signal(cancel: CancellationToken) {
         let _ = tokio::signal::ctrl_c().await;
     }
     cancel.cancel();
+}
+
+fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+    if args.list {
+        for (provider, event_type) in hooklatch::fixtures::catalog() {
+            println!("{provider:<20} {event_type}");
+        }
+        return Ok(());
+    }
+    let (Some(provider), Some(secret), Some(to)) = (args.provider, args.secret, args.to) else {
+        anyhow::bail!("send needs a provider, --secret and --to");
+    };
+    let secret = config::read_secret("--secret", &secret, env, None)?;
+    let event = hooklatch::fixtures::build(
+        &provider,
+        args.event.as_deref(),
+        args.id.as_deref(),
+        &secret,
+        hooklatch_core::Timestamp::now(),
+    )?;
+    if args.verbose {
+        for (name, value) in &event.headers {
+            eprintln!("> {name}: {value}");
+        }
+        eprintln!(">\n{}", String::from_utf8_lossy(&event.body));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let (status, body) = runtime
+        .block_on(async {
+            let client = reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(std::time::Duration::from_secs(30))
+                .build()?;
+            let mut req = client.post(&to).body(event.body.clone());
+            for (name, value) in &event.headers {
+                req = req.header(name, value);
+            }
+            let res = req.send().await?;
+            let status = res.status();
+            let body = res.text().await?;
+            Ok::<_, reqwest::Error>((status, body))
+        })
+        .with_context(|| format!("sending to {to}"))?;
+    println!("sent {provider} {} {}", event.event_type, event.key);
+    println!("{status}");
+    if !body.is_empty() {
+        println!("{body}");
+    }
+    if !status.is_success() {
+        anyhow::bail!("the endpoint answered {status}");
+    }
+    Ok(())
 }

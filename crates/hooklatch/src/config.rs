@@ -556,8 +556,9 @@ fn parse_store_url(key: &str, url: &str) -> Result<StoreBackend, ConfigError> {
     ))
 }
 
-/// Reads a secret reference: `env:NAME`, `file:PATH` or a literal. The error never shows it.
-fn read_secret(
+/// Reads a secret reference: `env:NAME`, `file:PATH` (relative to `base_dir` when given) or a
+/// literal. `key` names the setting in errors; the error never shows the secret.
+pub fn read_secret(
     key: &str,
     reference: &str,
     env: &HashMap<String, String>,

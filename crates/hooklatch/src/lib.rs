@@ -8,6 +8,7 @@
 //! Layout:
 //! - [`config`]: layered TOML and environment configuration, resolved into [`Settings`].
 //! - [`delivery`]: the workers that deliver the outbox to destinations with retries.
+//! - [`fixtures`]: realistic signed test events per provider (`hooklatch send`).
 //! - `server`: hyper connection handling with header timeouts and graceful drain.
 //! - `maintenance`: the purge of expired claims and old history, and store gauges.
 #![forbid(unsafe_code)]
@@ -15,6 +16,7 @@
 
 pub mod config;
 pub mod delivery;
+pub mod fixtures;
 mod maintenance;
 mod server;
 
