@@ -226,7 +226,11 @@ mod tests {
         let adapters: [&dyn ProviderAdapter; 4] =
             [&Stripe, &GitHub, &StandardWebhooks, &Generic { settings }];
         for adapter in adapters {
-            assert!(adapter.default_retention() >= MIN_RETENTION, "{}", adapter.provider());
+            assert!(
+                adapter.default_retention() >= MIN_RETENTION,
+                "{}",
+                adapter.provider()
+            );
         }
         // Stripe's CLI resends for 30 days; GitHub Enterprise redelivers for 7.
         assert!(Stripe.default_retention() > Duration::from_secs(30 * 86_400));
