@@ -196,6 +196,7 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
         args.event.as_deref(),
         args.id.as_deref(),
         &secret,
+        &to,
         hooklatch_core::Timestamp::now(),
     )?;
     if args.verbose {

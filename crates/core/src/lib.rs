@@ -26,7 +26,7 @@ pub mod store;
 pub mod time;
 
 pub use id::{DeliveryId, EventKey, IdempotencyKey, NameError, RequestId, SourceName};
-pub use provider::{ExtractedEvent, InboundRequest, ProviderAdapter, Rejection};
+pub use provider::{ExtractedEvent, InboundRequest, ProviderAdapter, ProviderReply, Rejection};
 pub use retry::RetryPolicy;
 pub use secret::Secret;
 pub use store::{Claim, Store, StoreError};

@@ -78,12 +78,13 @@ pub fn catalog() -> impl Iterator<Item = (&'static str, &'static str)> {
     FIXTURES.iter().map(|(p, e, _)| (*p, *e))
 }
 
-/// Builds a signed test event. `id` defaults to a fresh provider-shaped id.
+/// Builds a signed test event for sending to `url`. `id` defaults to a fresh provider-shaped id.
 pub fn build(
     provider: &str,
     event_type: Option<&str>,
     id: Option<&str>,
     secret: &Secret,
+    url: &str,
     now: Timestamp,
 ) -> Result<TestEvent, FixtureError> {
     let adapter: &dyn ProviderAdapter = match provider {
@@ -123,6 +124,7 @@ pub fn build(
         .into_bytes();
     let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
     headers.extend(adapter.sign(&SignRequest {
+        url,
         body: &body,
         secret,
         now,
@@ -172,12 +174,14 @@ mod tests {
 
     use super::*;
 
+    const URL: &str = "http://127.0.0.1:8080/in/test";
+
     #[test]
     fn every_fixture_is_json_and_verifies_with_its_adapter() {
         let secret = Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
         let now = Timestamp::from_secs(1_700_000_000);
         for (provider, event_type) in catalog() {
-            let event = build(provider, Some(event_type), None, &secret, now).unwrap();
+            let event = build(provider, Some(event_type), None, &secret, URL, now).unwrap();
             serde_json::from_slice::<serde_json::Value>(&event.body)
                 .unwrap_or_else(|e| panic!("{provider}/{event_type}: {e}"));
             let mut headers = HeaderMap::new();
@@ -193,6 +197,7 @@ mod tests {
                 _ => &StandardWebhooks,
             };
             let req = InboundRequest {
+                path_and_query: "/in/test",
                 headers: &headers,
                 body: &event.body,
                 now,
@@ -214,11 +219,11 @@ mod tests {
     fn unknown_provider_and_event_are_named() {
         let secret = Secret::from_text("s");
         let now = Timestamp(0);
-        let err = build("paypal", None, None, &secret, now)
+        let err = build("paypal", None, None, &secret, URL, now)
             .unwrap_err()
             .to_string();
         assert!(err.contains("paypal") && err.contains("stripe"), "{err}");
-        let err = build("stripe", Some("x"), None, &secret, now)
+        let err = build("stripe", Some("x"), None, &secret, URL, now)
             .unwrap_err()
             .to_string();
         assert!(err.contains("invoice.payment_succeeded"), "{err}");
@@ -227,7 +232,15 @@ mod tests {
     #[test]
     fn a_given_id_is_used() {
         let secret = Secret::from_text("s");
-        let event = build("stripe", None, Some("evt_fixed"), &secret, Timestamp(0)).unwrap();
+        let event = build(
+            "stripe",
+            None,
+            Some("evt_fixed"),
+            &secret,
+            URL,
+            Timestamp(0),
+        )
+        .unwrap();
         assert_eq!(event.key, "evt_fixed");
         assert!(String::from_utf8(event.body)
             .unwrap()

@@ -257,6 +257,7 @@ mod tests {
             settings: settings.clone(),
         };
         let signed = generic.sign(&SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body,
             secret: &secret,
             now: Timestamp::from_secs(0),
@@ -276,6 +277,7 @@ mod tests {
         let headers = headers(header.map(|value| (name, value)).as_slice());
         let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::from_text(s)).collect();
         let req = InboundRequest {
+            path_and_query: "/in/test",
             headers: &headers,
             body,
             now: Timestamp::from_secs(0),
@@ -309,6 +311,7 @@ mod tests {
     ) -> Result<ExtractedEvent, Rejection> {
         let headers = headers(pairs);
         let req = InboundRequest {
+            path_and_query: "/in/test",
             headers: &headers,
             body,
             now: Timestamp::from_secs(0),
@@ -575,6 +578,7 @@ mod tests {
     fn signing_adds_the_key_header_when_configured() {
         let secret = Secret::from_text(SECRET);
         let sign = SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body: BODY,
             secret: &secret,
             now: Timestamp::from_secs(0),

@@ -122,6 +122,7 @@ mod tests {
 
     fn request<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {
         InboundRequest {
+            path_and_query: "/in/test",
             headers,
             body,
             now: Timestamp::from_secs(1_700_000_000),
@@ -131,6 +132,7 @@ mod tests {
     fn signature(secret: &str, body: &[u8]) -> String {
         let secret = Secret::from_text(secret);
         let signed = GitHub.sign(&SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body,
             secret: &secret,
             now: Timestamp::from_secs(0),
@@ -272,6 +274,7 @@ mod tests {
     fn signing_sets_the_delivery_and_event_headers() {
         let secret = Secret::from_text(NEW);
         let mut sign = SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body: BODY,
             secret: &secret,
             now: Timestamp::from_secs(0),

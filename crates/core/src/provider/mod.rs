@@ -28,6 +28,9 @@ use crate::time::Timestamp;
 /// What an adapter sees of an inbound request.
 #[derive(Debug, Clone, Copy)]
 pub struct InboundRequest<'a> {
+    /// The request target as received: path and query (`/in/twilio?x=1`). Providers that sign
+    /// the URL (Twilio) rebuild it from the source's public base URL and this.
+    pub path_and_query: &'a str,
     /// Request headers (names are case-insensitive).
     pub headers: &'a HeaderMap,
     /// The raw body, byte-exact.
@@ -58,6 +61,32 @@ pub struct SignRequest<'a> {
     pub event_key: &'a str,
     /// The event type, for providers that carry it in a header (GitHub's `X-GitHub-Event`).
     pub event_type: Option<&'a str>,
+    /// The full URL the event is sent to (Twilio signs it).
+    pub url: &'a str,
+}
+
+/// An answer a provider needs in its own format instead of hooklatch's JSON: a handshake
+/// (Slack's `url_verification` challenge, Discord's PONG, Meta's `hub.challenge`) or the
+/// acknowledgement of a stored event (Twilio's empty TwiML, Discord's deferred response).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderReply {
+    /// HTTP status.
+    pub status: u16,
+    /// `Content-Type` of the body.
+    pub content_type: &'static str,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl ProviderReply {
+    /// A 200 with a JSON body.
+    pub fn json(value: &serde_json::Value) -> ProviderReply {
+        ProviderReply {
+            status: 200,
+            content_type: "application/json",
+            body: serde_json::to_vec(value).expect("a JSON value serializes"),
+        }
+    }
 }
 
 /// Why a delivery was refused. Each maps to a status and a stable `code` at the HTTP edge.
@@ -87,6 +116,8 @@ pub enum Rejection {
         /// The parser's message.
         detail: String,
     },
+    /// A subscription check (Meta's `GET` with `hub.verify_token`) with the wrong token.
+    InvalidVerifyToken,
     /// The event key the provider always sends is missing or unusable.
     MissingKey {
         /// Where the key was looked for.
@@ -103,6 +134,7 @@ impl Rejection {
             Rejection::InvalidSignature => "invalid_signature",
             Rejection::StaleTimestamp { .. } => "stale_timestamp",
             Rejection::InvalidJson { .. } => "invalid_json",
+            Rejection::InvalidVerifyToken => "invalid_verify_token",
             Rejection::MissingKey { .. } => "missing_event_key",
         }
     }
@@ -115,6 +147,7 @@ impl Rejection {
             | Rejection::InvalidSignature
             | Rejection::StaleTimestamp { .. } => 401,
             Rejection::InvalidJson { .. } | Rejection::MissingKey { .. } => 400,
+            Rejection::InvalidVerifyToken => 403,
         }
     }
 
@@ -135,6 +168,7 @@ impl Rejection {
                 if *skew_secs < 0 { "before" } else { "after" }
             ),
             Rejection::InvalidJson { detail } => format!("body is not valid JSON: {detail}"),
+            Rejection::InvalidVerifyToken => "verify token does not match".to_owned(),
             Rejection::MissingKey { detail } => format!("no event key: {detail}"),
         }
     }
@@ -166,6 +200,30 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
     /// at least the provider's longest redelivery path plus a margin.
     fn default_retention(&self) -> Duration {
         MIN_RETENTION
+    }
+
+    /// Answers a `GET` to the ingest URL (Meta's subscription check: `hub.mode`,
+    /// `hub.verify_token`, `hub.challenge` in `query`). `None`: the provider sends no GET, and
+    /// the gateway answers 405. Touches no store.
+    fn handle_get(&self, query: &str) -> Option<Result<ProviderReply, Rejection>> {
+        let _ = query;
+        None
+    }
+
+    /// Called after [`verify`](Self::verify) succeeded and before anything is stored: a
+    /// verified request that is a handshake, not an event (Slack `url_verification`, Discord
+    /// PING), is answered with this reply and claims nothing. `None`: an event.
+    fn handshake(&self, req: &InboundRequest<'_>) -> Option<ProviderReply> {
+        let _ = req;
+        None
+    }
+
+    /// The answer once the events are stored, when the provider needs its own format (Twilio's
+    /// empty TwiML, Discord's deferred interaction response). `None`: hooklatch's JSON. Given
+    /// for new events, duplicates and conflicts alike: the provider must see the same answer.
+    fn ack_reply(&self, req: &InboundRequest<'_>) -> Option<ProviderReply> {
+        let _ = req;
+        None
     }
 }
 

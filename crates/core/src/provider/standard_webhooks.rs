@@ -241,6 +241,7 @@ mod tests {
         let headers = headers(pairs);
         let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::from_text(s)).collect();
         let req = InboundRequest {
+            path_and_query: "/in/test",
             headers: &headers,
             body,
             now: Timestamp::from_secs(NOW),
@@ -261,6 +262,7 @@ mod tests {
     fn extract(pairs: &[(&str, String)], body: &[u8]) -> Result<Vec<ExtractedEvent>, Rejection> {
         let headers = headers(pairs);
         StandardWebhooks.extract(&InboundRequest {
+            path_and_query: "/in/test",
             headers: &headers,
             body,
             now: Timestamp::from_secs(NOW),
@@ -280,6 +282,7 @@ mod tests {
 
         let secret = Secret::from_text(VECTOR_SECRET);
         let sign = StandardWebhooks.sign(&SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body: BODY,
             secret: &secret,
             now: Timestamp::from_secs(NOW),
@@ -442,6 +445,7 @@ mod tests {
         let broken = "whsec_not base64!";
         let secret = Secret::from_text(broken);
         let sign = StandardWebhooks.sign(&SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body: BODY,
             secret: &secret,
             now: Timestamp::from_secs(NOW),

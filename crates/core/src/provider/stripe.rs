@@ -156,6 +156,7 @@ mod tests {
     fn signature(secret: &str, signed_at: i64, body: &[u8]) -> String {
         let secret = Secret::from_text(secret);
         let headers = Stripe.sign(&SignRequest {
+            url: "http://127.0.0.1:8080/in/test",
             body,
             secret: &secret,
             now: Timestamp::from_secs(signed_at),
@@ -182,6 +183,7 @@ mod tests {
         }
         let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::from_text(s)).collect();
         let req = InboundRequest {
+            path_and_query: "/in/test",
             headers: &headers,
             body,
             now: Timestamp::from_secs(NOW),
@@ -202,6 +204,7 @@ mod tests {
     fn extract(body: &[u8]) -> Result<Vec<ExtractedEvent>, Rejection> {
         let headers = HeaderMap::new();
         Stripe.extract(&InboundRequest {
+            path_and_query: "/in/test",
             headers: &headers,
             body,
             now: Timestamp::from_secs(NOW),
@@ -406,7 +409,7 @@ mod tests {
         ) {
             let mut headers = HeaderMap::new();
             headers.insert(SIGNATURE_HEADER, HeaderValue::from_bytes(&bytes).unwrap());
-            let req = InboundRequest { headers: &headers, body: BODY, now: Timestamp::from_secs(NOW) };
+            let req = InboundRequest { path_and_query: "/in/test", headers: &headers, body: BODY, now: Timestamp::from_secs(NOW) };
             let got = Stripe.verify(&req, &[Secret::from_text(NEW)], TOLERANCE);
             prop_assert_eq!(got.map_err(|r| r.code()), Err("malformed_signature"));
         }

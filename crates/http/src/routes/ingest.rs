@@ -89,6 +89,7 @@ async fn ingest(
     };
 
     let inbound = InboundRequest {
+        path_and_query: &record.path,
         headers: &parts.headers,
         body: &record.body,
         now: record.received_at,
