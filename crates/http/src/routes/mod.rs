@@ -23,6 +23,7 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
         .route("/v1/requests/{id}", get(requests::show))
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(health::metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
@@ -31,6 +32,18 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
         .route("/readyz", get(health::readyz))
         .fallback(not_found)
         .with_state(state)
+}
+
+/// The admin API's OpenAPI document, kept by hand beside the routes it describes; a test
+/// checks that every route is in it.
+pub(crate) const OPENAPI: &str = include_str!("../openapi.json");
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -55,5 +68,31 @@ async fn require_token(State(state): State<Arc<AdminState>>, req: Request, next:
             "missing or wrong bearer token",
         )
         .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `.route("…")` in this file must be described in the OpenAPI document.
+    #[test]
+    fn openapi_lists_every_admin_route() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("openapi.json parses");
+        let paths = doc["paths"].as_object().expect("paths");
+        let source = include_str!("mod.rs");
+        let mut n = 0;
+        for line in source.lines() {
+            let Some(rest) = line.trim().strip_prefix(".route(\"") else {
+                continue;
+            };
+            let path = rest.split('"').next().unwrap_or_default();
+            assert!(
+                paths.contains_key(path),
+                "{path} is missing from openapi.json"
+            );
+            n += 1;
+        }
+        assert!(n >= 7, "found only {n} routes");
     }
 }
