@@ -21,7 +21,7 @@ use crate::time::Timestamp;
 pub type Header = (String, Vec<u8>);
 
 /// The store could not do what was asked. The gateway answers 503; workers retry.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The store is full (disk full or its configured size cap).
     #[error("store is full")]

@@ -4,6 +4,9 @@
 //! to the batch limit), and runs them in one `BEGIN IMMEDIATE … COMMIT`, each inside its own
 //! savepoint. Replies are sent only after the commit returns, so a caller never hears "done"
 //! for work that is not durable; if the commit fails, every job in the batch gets the error.
+//! Some errors (a full database above all) make SQLite roll back the whole transaction, not
+//! just the failed statement: the jobs before it then hear the error too, and the jobs after
+//! it go on in a new transaction, so no caller hears an error for work that was committed.
 //!
 //! A std thread rather than a tokio task: SQLite calls block (the fsync above all), and one
 //! owned connection needs no locking.
@@ -17,7 +20,9 @@ use tokio::sync::oneshot;
 use crate::map_err;
 
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
-type Job = Box<dyn FnOnce(&Connection) -> (bool, Reply) + Send>;
+/// A job runs on the connection and returns a copy of its own outcome (for the batch's
+/// bookkeeping) and the reply that takes the commit's outcome to its caller.
+type Job = Box<dyn FnOnce(&Connection) -> (Result<(), StoreError>, Reply) + Send>;
 
 /// A handle on the writer thread. Cheap to clone; the thread stops when the last handle drops.
 #[derive(Clone)]
@@ -46,11 +51,11 @@ impl Writer {
         let (tx, rx) = oneshot::channel();
         let job: Job = Box::new(move |conn| {
             let res = f(conn).map_err(map_err);
-            let ok = res.is_ok();
+            let outcome = res.as_ref().map(|_| ()).map_err(StoreError::clone);
             let reply: Reply = Box::new(move |commit| {
                 let _ = tx.send(commit.and(res));
             });
-            (ok, reply)
+            (outcome, reply)
         });
         self.jobs
             .send(job)
@@ -92,8 +97,38 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
             replies.push(Box::new(move |_| drop(err)));
             continue;
         }
-        let (ok, reply) = job(conn);
-        let end = if ok {
+        let (outcome, reply) = job(conn);
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (it may on SQLITE_FULL, IOERR, NOMEM
+            // or BUSY): this job and every one before it in the batch are undone. Left as is,
+            // the jobs after it would run and commit outside the transaction while their
+            // callers heard the final COMMIT fail.
+            let err = match outcome {
+                Err(err) => {
+                    reply(Ok(())); // its own error reaches its caller
+                    err
+                }
+                Ok(()) => {
+                    let err =
+                        StoreError::Unavailable("sqlite rolled back the transaction".to_owned());
+                    reply(Err(err.clone()));
+                    err
+                }
+            };
+            tracing::warn!(%err, undone = replies.len() + 1, "sqlite: a failed write rolled back its group commit");
+            for undone in replies.drain(..) {
+                undone(Err(err.clone()));
+            }
+            if let Err(err) = conn.execute_batch("BEGIN IMMEDIATE") {
+                let err = map_err(err);
+                tracing::warn!(%err, "sqlite: could not begin a write transaction");
+                // The jobs not run yet are dropped with the drain: their callers hear that
+                // the write did not run.
+                return;
+            }
+            continue;
+        }
+        let end = if outcome.is_ok() {
             "RELEASE job"
         } else {
             "ROLLBACK TO job; RELEASE job"
@@ -109,11 +144,6 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
         let _ = conn.execute_batch("ROLLBACK");
     }
     for reply in replies {
-        let res = match &commit {
-            Ok(()) => Ok(()),
-            Err(StoreError::Full) => Err(StoreError::Full),
-            Err(StoreError::Unavailable(m)) => Err(StoreError::Unavailable(m.clone())),
-        };
-        reply(res);
+        reply(commit.clone());
     }
 }

@@ -1,1 +1,15 @@
-//! placeholder
+//! hooklatch-testkit: test helpers shared by hooklatch's crates. Not published; not meant for
+//! reuse outside this workspace.
+//!
+//! Layout:
+//! - [`MemoryStore`]: an in-memory [`Store`](hooklatch_core::Store), the test double for the
+//!   layers above `core` (HTTP handlers, delivery workers, maintenance).
+//! - [`conformance`]: the backend conformance suite, [`conformance::store_suite`], which every
+//!   `Store` implementation runs (the SQLite store and [`MemoryStore`] included), and the
+//!   [`conformance::fixture`] builders its cases use.
+#![forbid(unsafe_code)]
+
+pub mod conformance;
+mod memory;
+
+pub use memory::MemoryStore;

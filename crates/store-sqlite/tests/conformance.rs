@@ -1,0 +1,188 @@
+//! Runs the backend conformance suite on the SQLite store, a new database file per case, plus
+//! what only a real file shows: a returned ingest is in the file, and a full file refuses an
+//! ingest whole.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use hooklatch_core::{Claim, Store, StoreError};
+use hooklatch_store_sqlite::{SqliteOptions, SqliteStore};
+use hooklatch_testkit::conformance::fixture::{
+    all_deliveries, all_requests, at, idempotency_key, ingest, DESTINATIONS, T0,
+};
+use hooklatch_testkit::conformance::store_suite;
+use tokio::task::JoinSet;
+
+const BODY: &[u8] = br#"{"id":"evt_1","type":"invoice.paid"}"#;
+
+fn open(path: &Path) -> SqliteStore {
+    SqliteStore::open(&SqliteOptions::new(path)).expect("opening the sqlite store")
+}
+
+/// Counts rows in the file through a plain connection, not through any store.
+fn count(path: &Path, sql: &str) -> i64 {
+    let conn = rusqlite::Connection::open(path).expect("opening the file directly");
+    conn.query_row(sql, [], |r| r.get(0)).expect(sql)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_store_passes_the_store_conformance_suite() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let n_cases = AtomicUsize::new(0);
+    store_suite(|| {
+        let n = n_cases.fetch_add(1, Ordering::Relaxed);
+        open(&dir.path().join(format!("case-{n}.db")))
+    })
+    .await;
+}
+
+/// When ingest returns, the claim and its deliveries are in the file: a copy of the database
+/// and its WAL taken at that moment (what a crash would leave) has them, and so does a fresh
+/// store on the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returned_ingest_is_in_the_file_not_just_in_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hooklatch.db");
+    let store = open(&path);
+    let outcome = store
+        .ingest(ingest("stripe", &["evt_1"], BODY, T0))
+        .await
+        .expect("ingest");
+
+    // What a crash right now would leave on disk: the database file and its WAL.
+    let crashed = dir.path().join("crashed");
+    std::fs::create_dir(&crashed).expect("mkdir");
+    for suffix in ["", "-wal"] {
+        let from = format!("{}{suffix}", path.display());
+        let to = format!("{}{suffix}", crashed.join("hooklatch.db").display());
+        std::fs::copy(&from, &to).expect("copying the database files");
+    }
+    let copy = crashed.join("hooklatch.db");
+    assert_eq!(
+        count(&copy, "SELECT count(*) FROM claims WHERE key = 'evt_1'"),
+        1
+    );
+    let deliveries = format!(
+        "SELECT count(*) FROM deliveries WHERE request_id = {}",
+        outcome.request_id.0
+    );
+    assert_eq!(count(&copy, &deliveries), DESTINATIONS.len() as i64);
+
+    // A fresh store on the copy, and one on the original file once the first store is gone,
+    // both see the claim and its deliveries.
+    drop(store);
+    for reopened in [open(&copy), open(&path)] {
+        let again = reopened
+            .ingest(ingest("stripe", &["evt_1"], BODY, at(1)))
+            .await
+            .expect("ingest");
+        assert_eq!(
+            again.claims[0].1,
+            Claim::Duplicate {
+                first_request: outcome.request_id,
+                first_seen: T0
+            }
+        );
+        let rows = all_deliveries(&reopened).await;
+        assert_eq!(rows.len(), DESTINATIONS.len());
+        assert!(rows.iter().all(|d| d.request_id == outcome.request_id
+            && d.idempotency_key == idempotency_key("stripe", "evt_1")));
+    }
+}
+
+/// A store capped at `max_page_count` pages: room for the schema and small requests only.
+fn open_capped(path: &Path) -> SqliteStore {
+    let mut opts = SqliteOptions::new(path);
+    // 64 pages of 4 KiB: the schema takes about 16; a 1 MiB body never fits.
+    opts.max_page_count = Some(64);
+    SqliteStore::open(&opts).expect("opening the capped sqlite store")
+}
+
+/// Past `max_page_count` an ingest is refused as full: never `Ok`, and nothing of it stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_store_refuses_an_ingest_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hooklatch.db");
+    let store = open_capped(&path);
+    let big = vec![b'x'; 1 << 20];
+    let res = store.ingest(ingest("stripe", &["evt_1"], &big, T0)).await;
+    assert!(matches!(res, Err(StoreError::Full)), "got {res:?}");
+
+    assert!(all_requests(&store).await.is_empty(), "no request row left");
+    assert!(all_deliveries(&store).await.is_empty(), "no delivery left");
+    assert_eq!(store.stats().await.expect("stats").claims, 0);
+    assert_eq!(count(&path, "SELECT count(*) FROM claims"), 0);
+
+    let retried = store
+        .ingest(ingest("stripe", &["evt_1"], BODY, at(1)))
+        .await
+        .expect("a small request still fits");
+    assert!(
+        matches!(retried.claims[0].1, Claim::New { .. }),
+        "the refused ingest claimed nothing, got {:?}",
+        retried.claims[0].1
+    );
+}
+
+/// A full database makes SQLite roll back the whole group-commit transaction, not just the
+/// failed statement. The writer used to carry on with the batch's later jobs outside any
+/// transaction (each committed by its own savepoint release) and then tell every caller the
+/// final COMMIT failed: stored claims answered with errors, and the refused ingest itself got
+/// "unavailable" instead of "full".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_ingest_in_a_group_commit_leaves_its_neighbors_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hooklatch.db");
+    let store = Arc::new(open_capped(&path));
+    let big = vec![b'x'; 1 << 20];
+    // Concurrent ingests share group commits: some too big to fit, the rest small.
+    let mut tasks = JoinSet::new();
+    for i in 0..24 {
+        let key = format!("evt_{i}");
+        let oversized = i % 3 == 0;
+        let body = if oversized {
+            big.clone()
+        } else {
+            BODY.to_vec()
+        };
+        let store = store.clone();
+        tasks.spawn(async move {
+            let res = store
+                .ingest(ingest("stripe", &[key.as_str()], &body, T0))
+                .await;
+            (key, oversized, res)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(joined) = tasks.join_next().await {
+        results.push(joined.expect("an ingest task panicked"));
+    }
+    // Every oversized ingest is refused; a small one may be too, when a refusal in its group
+    // commit undid it. Either way, what a caller hears matches what is in the file.
+    for (key, oversized, res) in results {
+        let claims = count(
+            &path,
+            &format!("SELECT count(*) FROM claims WHERE key = '{key}'"),
+        );
+        let deliveries = count(
+            &path,
+            &format!("SELECT count(*) FROM deliveries WHERE idempotency_key = 'stripe:{key}'"),
+        );
+        match res {
+            Ok(outcome) => {
+                assert!(!oversized, "{key}: an oversized ingest was stored");
+                assert!(matches!(outcome.claims[0].1, Claim::New { .. }), "{key}");
+                assert_eq!((claims, deliveries), (1, 2), "{key}: committed whole");
+            }
+            Err(err) => {
+                assert!(matches!(err, StoreError::Full), "{key}: {err}");
+                assert_eq!(
+                    (claims, deliveries),
+                    (0, 0),
+                    "{key}: nothing after an error"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,383 @@
+//! Conformance cases for the outbox: leasing due deliveries, lease expiry and release,
+//! `next_due`, recording attempts, and redriving the dead-letter.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt};
+use hooklatch_core::store::{DeliveryState, LeasedDelivery, Redrive};
+use hooklatch_core::{DeliveryId, Store, Timestamp};
+
+use crate::conformance::fixture::{
+    at, attempt, delivery, headers, idempotency_key, ingest, ingest_ok, new_deliveries,
+    DESTINATIONS, EVENT_TYPE, T0,
+};
+
+const SOURCE: &str = "stripe";
+/// Not UTF-8 on purpose: bodies are bytes.
+const BODY: &[u8] = b"{\"id\":\"evt_1\",\"note\":\"\xff\x00\xfe\"}";
+const LEASE: Duration = Duration::from_secs(30);
+
+fn ids(leased: &[LeasedDelivery]) -> BTreeSet<DeliveryId> {
+    leased.iter().map(|d| d.id).collect()
+}
+
+async fn lease<S: Store>(
+    store: &S,
+    owner: &str,
+    now: Timestamp,
+    limit: u32,
+) -> Vec<LeasedDelivery> {
+    store
+        .lease_due(owner, now, LEASE, limit)
+        .await
+        .expect("lease_due")
+}
+
+/// Records an attempt that delivered `id` (a 200).
+async fn delivered<S: Store>(store: &S, id: DeliveryId, started_at: Timestamp) {
+    let result = attempt(id, started_at, Some(200), None, Delivered);
+    store.record_attempt(result).await.expect("record_attempt");
+}
+
+/// Records a failed attempt on `id` and what comes next. The status is read from an
+/// `HTTP nnn` error, as workers write them; any other error got no response.
+async fn failed<S: Store>(
+    store: &S,
+    id: DeliveryId,
+    started_at: Timestamp,
+    error: &str,
+    next: AttemptNext,
+) {
+    let status = error
+        .strip_prefix("HTTP ")
+        .and_then(|code| code.parse().ok());
+    let result = attempt(id, started_at, status, Some(error), next);
+    store.record_attempt(result).await.expect("record_attempt");
+}
+
+/// Ingests one event at `received_at` and returns its deliveries.
+async fn one_event<S: Store>(store: &S, key: &str, received_at: Timestamp) -> Vec<DeliveryId> {
+    let outcome = ingest_ok(store, ingest(SOURCE, &[key], BODY, received_at)).await;
+    new_deliveries(&outcome)
+}
+
+/// A leased delivery carries everything needed to send it: its event, destination,
+/// `Idempotency-Key`, attempt count, round start, and the request's headers and body
+/// byte-exact.
+pub async fn lease_due_returns_due_deliveries_with_the_request_byte_exact<S: Store>(store: S) {
+    let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    let leased = lease(&store, "worker-a", T0, 10).await;
+    assert_eq!(ids(&leased), new_deliveries(&outcome).into_iter().collect());
+    let destinations: BTreeSet<_> = leased.iter().map(|d| d.destination.as_str()).collect();
+    assert_eq!(destinations, DESTINATIONS.into_iter().collect());
+    for delivery in &leased {
+        assert_eq!(delivery.request_id, outcome.request_id);
+        assert_eq!(delivery.source, SOURCE);
+        assert_eq!(delivery.event_key, "evt_1");
+        assert_eq!(delivery.event_type.as_deref(), Some(EVENT_TYPE));
+        assert_eq!(
+            delivery.idempotency_key.as_str(),
+            idempotency_key(SOURCE, "evt_1")
+        );
+        assert_eq!(delivery.attempts, 0);
+        assert_eq!(delivery.round_started_at, T0);
+        assert_eq!(delivery.headers, headers(), "headers byte-exact, in order");
+        assert_eq!(&delivery.body[..], BODY, "body byte-exact");
+    }
+}
+
+/// A leased delivery is not leased again, by its owner or anyone else, until its lease
+/// expires; then another worker takes it over.
+pub async fn a_leased_delivery_is_not_leased_again_until_its_lease_expires<S: Store>(store: S) {
+    let rows: BTreeSet<_> = one_event(&store, "evt_1", T0).await.into_iter().collect();
+    assert_eq!(ids(&lease(&store, "worker-a", T0, 10).await), rows);
+    assert!(lease(&store, "worker-a", at(1), 10).await.is_empty());
+    assert!(lease(&store, "worker-b", at(29), 10).await.is_empty());
+    let taken_over = lease(&store, "worker-b", at(31), 10).await;
+    assert_eq!(ids(&taken_over), rows, "an expired lease is taken over");
+    assert!(taken_over.iter().all(|d| d.attempts == 0));
+    assert!(
+        lease(&store, "worker-a", at(32), 10).await.is_empty(),
+        "the new lease holds"
+    );
+}
+
+/// A delivery is leased from its due time on, not before.
+pub async fn deliveries_not_yet_due_are_not_leased<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", at(10)).await;
+    assert!(lease(&store, "worker-a", at(9), 10).await.is_empty());
+    assert_eq!(
+        lease(&store, "worker-a", at(10), 10).await.len(),
+        rows.len()
+    );
+    failed(&store, rows[0], at(10), "HTTP 500", RetryAt(at(100))).await;
+    delivered(&store, rows[1], at(10)).await;
+    assert!(lease(&store, "worker-b", at(99), 10).await.is_empty());
+    assert_eq!(
+        ids(&lease(&store, "worker-b", at(100), 10).await),
+        BTreeSet::from([rows[0]])
+    );
+}
+
+/// `lease_due` takes at most `limit` rows, earliest due first, and never hands one row to two
+/// workers.
+pub async fn lease_due_takes_at_most_limit_deliveries_earliest_first<S: Store>(store: S) {
+    let late = one_event(&store, "evt_late", at(5)).await;
+    let early = one_event(&store, "evt_early", at(1)).await;
+    let middle = one_event(&store, "evt_middle", at(3)).await;
+    assert!(lease(&store, "worker-a", at(10), 0).await.is_empty());
+    let first = lease(&store, "worker-a", at(10), 4).await;
+    assert_eq!(
+        ids(&first),
+        early.iter().chain(&middle).copied().collect(),
+        "earliest due first"
+    );
+    let second = lease(&store, "worker-b", at(10), 4).await;
+    assert_eq!(ids(&second), late.iter().copied().collect());
+    assert!(lease(&store, "worker-c", at(10), 4).await.is_empty());
+}
+
+/// Released leases are leasable again at once; releasing another owner's leases changes
+/// nothing.
+pub async fn released_leases_can_be_leased_again_at_once<S: Store>(store: S) {
+    let rows: BTreeSet<_> = one_event(&store, "evt_1", T0).await.into_iter().collect();
+    assert_eq!(ids(&lease(&store, "worker-a", T0, 10).await), rows);
+    store
+        .release_leases("worker-b")
+        .await
+        .expect("release_leases");
+    assert!(lease(&store, "worker-c", T0, 10).await.is_empty());
+    store
+        .release_leases("worker-a")
+        .await
+        .expect("release_leases");
+    assert_eq!(ids(&lease(&store, "worker-c", T0, 10).await), rows);
+}
+
+/// `next_due` is the earliest time `lease_due` would return something: the earliest due time
+/// of a pending delivery, a leased one counting from the end of its lease; `None` when
+/// nothing is pending.
+pub async fn next_due_reports_the_earliest_due_time<S: Store>(store: S) {
+    assert_eq!(store.next_due().await.expect("next_due"), None);
+    let later = one_event(&store, "evt_later", at(5)).await;
+    let sooner = one_event(&store, "evt_sooner", at(2)).await;
+    assert_eq!(store.next_due().await.expect("next_due"), Some(at(2)));
+
+    assert_eq!(lease(&store, "worker-a", at(10), 10).await.len(), 4);
+    assert_eq!(
+        store.next_due().await.expect("next_due"),
+        Some(at(40)),
+        "every row is leased until at(40)"
+    );
+    for id in &sooner {
+        failed(&store, *id, at(10), "timeout", RetryAt(at(20))).await;
+    }
+    assert_eq!(store.next_due().await.expect("next_due"), Some(at(20)));
+    for id in &later {
+        delivered(&store, *id, at(10)).await;
+    }
+    for id in &sooner {
+        failed(&store, *id, at(20), "HTTP 410", DeadLetter).await;
+    }
+    assert_eq!(
+        store.next_due().await.expect("next_due"),
+        None,
+        "delivered and dead rows are never due"
+    );
+}
+
+/// A delivered attempt finishes the delivery: its attempt is recorded and it is never leased
+/// again.
+pub async fn a_delivered_attempt_finishes_the_delivery<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    lease(&store, "worker-a", T0, 10).await;
+    delivered(&store, rows[0], at(1)).await;
+
+    let done = delivery(&store, rows[0]).await;
+    assert_eq!(done.state, DeliveryState::Delivered);
+    assert_eq!(done.attempts, 1);
+    assert_eq!(done.next_attempt_at, None);
+    assert_eq!(done.last_error, None);
+    let history: Vec<_> = done
+        .history
+        .iter()
+        .map(|a| {
+            (
+                a.number,
+                a.started_at,
+                a.status,
+                a.latency_ms,
+                a.error.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(history, [(1, at(1), Some(200), 25, None)]);
+
+    let much_later = lease(&store, "worker-b", at(100_000), 10).await;
+    assert_eq!(
+        ids(&much_later),
+        BTreeSet::from([rows[1]]),
+        "only the unfinished delivery, its lease long expired"
+    );
+    assert_eq!(store.stats().await.expect("stats").pending, 1);
+}
+
+/// A failed attempt with a retry time leaves the delivery pending, not due before that time,
+/// with its attempt count and last error; attempts are numbered from 1 in both history views.
+pub async fn a_failed_attempt_is_retried_no_sooner_than_asked<S: Store>(store: S) {
+    let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    let rows = new_deliveries(&outcome);
+    lease(&store, "worker-a", T0, 10).await;
+    delivered(&store, rows[1], at(1)).await;
+    failed(&store, rows[0], at(1), "HTTP 500", RetryAt(at(60))).await;
+
+    let retrying = delivery(&store, rows[0]).await;
+    assert_eq!(retrying.state, DeliveryState::Pending);
+    assert_eq!(retrying.attempts, 1);
+    assert_eq!(retrying.next_attempt_at, Some(at(60)));
+    assert_eq!(retrying.last_error.as_deref(), Some("HTTP 500"));
+
+    assert!(lease(&store, "worker-b", at(59), 10).await.is_empty());
+    let again = lease(&store, "worker-b", at(60), 10).await;
+    assert_eq!(ids(&again), BTreeSet::from([rows[0]]));
+    assert_eq!(
+        again[0].attempts, 1,
+        "the worker sees the attempts made so far"
+    );
+    assert_eq!(again[0].round_started_at, T0);
+    failed(&store, rows[0], at(60), "timeout", RetryAt(at(180))).await;
+
+    let listed = delivery(&store, rows[0]).await;
+    assert_eq!(listed.attempts, 2);
+    assert_eq!(listed.last_error.as_deref(), Some("timeout"));
+    let want = [
+        (1, at(1), Some(500), Some("HTTP 500".to_owned())),
+        (2, at(60), None, Some("timeout".to_owned())),
+    ];
+    let from_list: Vec<_> = listed
+        .history
+        .iter()
+        .map(|a| (a.number, a.started_at, a.status, a.error.clone()))
+        .collect();
+    assert_eq!(from_list, want, "list_deliveries history");
+    let detail = store
+        .get_request(outcome.request_id)
+        .await
+        .expect("get_request")
+        .expect("the request is in history");
+    let in_detail = detail
+        .deliveries
+        .iter()
+        .find(|d| d.id == rows[0])
+        .expect("get_request shows the delivery");
+    let from_detail: Vec<_> = in_detail
+        .history
+        .iter()
+        .map(|a| (a.number, a.started_at, a.status, a.error.clone()))
+        .collect();
+    assert_eq!(from_detail, want, "get_request history");
+}
+
+/// A dead-lettered delivery is dead, never leased again, counted, and keeps its last error
+/// (an attempt without an error of its own keeps the one before).
+pub async fn a_dead_lettered_delivery_keeps_its_last_error<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    lease(&store, "worker-a", T0, 10).await;
+    failed(&store, rows[0], at(1), "HTTP 500", RetryAt(at(60))).await;
+    failed(&store, rows[1], at(1), "HTTP 500", RetryAt(at(60))).await;
+    lease(&store, "worker-a", at(60), 10).await;
+    failed(&store, rows[0], at(60), "HTTP 503", DeadLetter).await;
+    let quiet_death = attempt(rows[1], at(60), None, None, DeadLetter);
+    store
+        .record_attempt(quiet_death)
+        .await
+        .expect("record_attempt");
+
+    let dead = delivery(&store, rows[0]).await;
+    assert_eq!(dead.state, DeliveryState::Dead);
+    assert_eq!(dead.attempts, 2);
+    assert_eq!(dead.next_attempt_at, None);
+    assert_eq!(dead.last_error.as_deref(), Some("HTTP 503"));
+    let quiet = delivery(&store, rows[1]).await;
+    assert_eq!(quiet.state, DeliveryState::Dead);
+    assert_eq!(quiet.last_error.as_deref(), Some("HTTP 500"));
+
+    assert!(lease(&store, "worker-b", at(100_000), 10).await.is_empty());
+    let stats = store.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.dead), (0, 2));
+}
+
+/// Redriving a dead delivery queues it again: pending, due at the redrive time, a fresh round
+/// (attempts 0, started now), the same `Idempotency-Key`, attempt numbers carrying on.
+pub async fn redriving_a_dead_delivery_queues_it_again_with_the_same_key<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    let id = rows[0];
+    lease(&store, "worker-a", T0, 10).await;
+    delivered(&store, rows[1], at(1)).await;
+    failed(&store, id, at(1), "HTTP 500", RetryAt(at(60))).await;
+    lease(&store, "worker-a", at(60), 10).await;
+    failed(&store, id, at(60), "HTTP 410", DeadLetter).await;
+    let before = delivery(&store, id).await;
+
+    assert_eq!(
+        store.redrive(id, at(3600)).await.expect("redrive"),
+        Redrive::Queued
+    );
+    let queued = delivery(&store, id).await;
+    assert_eq!(queued.state, DeliveryState::Pending);
+    assert_eq!(queued.attempts, 0);
+    assert_eq!(queued.next_attempt_at, Some(at(3600)));
+    assert_eq!(queued.idempotency_key, before.idempotency_key);
+    assert_eq!(queued.history.len(), 2, "past attempts are kept");
+    let stats = store.stats().await.expect("stats");
+    assert_eq!((stats.pending, stats.dead), (1, 0));
+
+    let leased = lease(&store, "worker-b", at(3600), 10).await;
+    assert_eq!(ids(&leased), BTreeSet::from([id]));
+    assert_eq!(leased[0].attempts, 0);
+    assert_eq!(leased[0].round_started_at, at(3600));
+    assert_eq!(
+        leased[0].idempotency_key.as_str(),
+        idempotency_key(SOURCE, "evt_1")
+    );
+    delivered(&store, id, at(3600)).await;
+    let numbers: Vec<_> = delivery(&store, id)
+        .await
+        .history
+        .iter()
+        .map(|a| a.number)
+        .collect();
+    assert_eq!(numbers, [1, 2, 3], "numbered over the delivery's life");
+}
+
+/// Redriving a delivery that is not dead changes nothing and says why.
+pub async fn redriving_what_is_not_dead_changes_nothing<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    lease(&store, "worker-a", T0, 10).await;
+    delivered(&store, rows[1], at(1)).await;
+    let cases = [
+        (rows[0], Redrive::NotDead(DeliveryState::Pending)),
+        (rows[1], Redrive::NotDead(DeliveryState::Delivered)),
+        (DeliveryId(1_000_000), Redrive::NotFound),
+    ];
+    for (id, want) in cases {
+        assert_eq!(
+            store.redrive(id, at(10)).await.expect("redrive"),
+            want,
+            "{id}"
+        );
+    }
+    assert_eq!(
+        delivery(&store, rows[0]).await.state,
+        DeliveryState::Pending
+    );
+    assert_eq!(
+        delivery(&store, rows[1]).await.state,
+        DeliveryState::Delivered
+    );
+    assert!(
+        lease(&store, "worker-b", at(10), 10).await.is_empty(),
+        "the pending row is still leased to worker-a"
+    );
+}

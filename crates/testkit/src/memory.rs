@@ -1,0 +1,515 @@
+//! [`MemoryStore`]: the [`Store`] trait over plain maps, for tests of the layers above it.
+//!
+//! It follows the SQLite store's semantics rule for rule (claims, the outbox, leases, history,
+//! purge, stats), and the conformance suite in [`crate::conformance`] holds both to the same
+//! contract. Nothing here is durable: it is a test double, never a backend.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use hooklatch_core::store::{
+    verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail, DeliveryFilter,
+    DeliveryState, Ingest, IngestOutcome, LeasedDelivery, Purged, Redrive, Rejected, RequestDetail,
+    RequestFilter, RequestRecord, RequestSummary, StoreStats, Verdict,
+};
+use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
+
+/// An in-memory [`Store`]: the test double for everything above `core` (HTTP handlers,
+/// delivery workers, maintenance).
+///
+/// Same contract as the SQLite store, checked by the same conformance suite: claims keyed by
+/// source and key, replaced once expired; duplicate or conflict decided by the body's SHA-256;
+/// one delivery per destination for each new event; leases that expire; history kept
+/// byte-exact; purge and counts as SQLite does them. Ids start at 1 and grow, as SQLite's
+/// `AUTOINCREMENT` rows do. Every call completes within its first poll, so a dropped future
+/// has either done all of its work or none of it.
+///
+/// Build one with `MemoryStore::default()` and share it as an `Arc<dyn Store>`.
+#[derive(Default)]
+pub struct MemoryStore {
+    // A std mutex, not tokio's: no call holds it across an await, and every critical section
+    // is a few map operations, so blocking the executor thread for it is cheaper than the
+    // bookkeeping of an async lock (the reasoning mini-redis gives for its `Db`).
+    state: Mutex<State>,
+}
+
+/// Everything the store holds; the maps play the SQLite tables' parts.
+#[derive(Default)]
+struct State {
+    last_request_id: i64,
+    last_delivery_id: i64,
+    /// By id, so iteration order is id order (newest last).
+    requests: BTreeMap<i64, StoredRequest>,
+    /// By `(source, key)`: the unique constraint that decides which copy of an event is first.
+    claims: HashMap<(String, String), StoredClaim>,
+    /// By id, newest last.
+    deliveries: BTreeMap<i64, StoredDelivery>,
+}
+
+struct StoredRequest {
+    record: RequestRecord,
+    verdict: Verdict,
+    reason: Option<String>,
+    status: u16,
+    keys: Vec<String>,
+}
+
+struct StoredClaim {
+    body_sha256: [u8; 32],
+    request_id: RequestId,
+    claimed_at: Timestamp,
+    expires_at: Timestamp,
+}
+
+struct StoredDelivery {
+    request_id: RequestId,
+    source: String,
+    event_key: String,
+    event_type: Option<String>,
+    destination: String,
+    idempotency_key: String,
+    state: DeliveryState,
+    /// Attempts in the current round (reset by a redrive).
+    attempts: u32,
+    round_started_at: Timestamp,
+    next_attempt_at: Timestamp,
+    lease: Option<Lease>,
+    last_error: Option<String>,
+    /// Every attempt over the delivery's life, numbered from 1.
+    history: Vec<AttemptRecord>,
+}
+
+struct Lease {
+    owner: String,
+    until: Timestamp,
+}
+
+impl MemoryStore {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .expect("no code panics while holding the memory store's lock")
+    }
+}
+
+impl State {
+    fn insert_request(
+        &mut self,
+        record: RequestRecord,
+        verdict: Verdict,
+        reason: Option<String>,
+        status: u16,
+        keys: Vec<String>,
+    ) -> RequestId {
+        self.last_request_id += 1;
+        let id = self.last_request_id;
+        self.requests.insert(
+            id,
+            StoredRequest {
+                record,
+                verdict,
+                reason,
+                status,
+                keys,
+            },
+        );
+        RequestId(id)
+    }
+
+    fn ingest(&mut self, ingest: Ingest) -> IngestOutcome {
+        let now = ingest.request.received_at;
+        let expires_at = now.plus(ingest.retention);
+        let source = ingest.source.as_str().to_owned();
+        let keys = ingest
+            .events
+            .iter()
+            .map(|e| e.key.as_str().to_owned())
+            .collect();
+        // Accepted for now; corrected below once every claim is known, as SQLite does.
+        let request_id = self.insert_request(ingest.request, Verdict::Accepted, None, 200, keys);
+        let mut claims = Vec::with_capacity(ingest.events.len());
+        for event in &ingest.events {
+            let claim_key = (source.clone(), event.key.as_str().to_owned());
+            let held = self
+                .claims
+                .get(&claim_key)
+                // A claim expired at or before now is as good as absent.
+                .filter(|claim| claim.expires_at > now);
+            let claim = match held {
+                Some(held) if held.body_sha256 == ingest.body_sha256 => Claim::Duplicate {
+                    first_request: held.request_id,
+                    first_seen: held.claimed_at,
+                },
+                Some(held) => Claim::Conflict {
+                    first_request: held.request_id,
+                    first_body_sha256: held.body_sha256,
+                },
+                None => {
+                    self.claims.insert(
+                        claim_key,
+                        StoredClaim {
+                            body_sha256: ingest.body_sha256,
+                            request_id,
+                            claimed_at: now,
+                            expires_at,
+                        },
+                    );
+                    let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
+                    let deliveries = ingest
+                        .destinations
+                        .iter()
+                        .map(|destination| {
+                            self.last_delivery_id += 1;
+                            self.deliveries.insert(
+                                self.last_delivery_id,
+                                StoredDelivery {
+                                    request_id,
+                                    source: source.clone(),
+                                    event_key: event.key.as_str().to_owned(),
+                                    event_type: event.event_type.clone(),
+                                    destination: destination.clone(),
+                                    idempotency_key: idempotency_key.as_str().to_owned(),
+                                    state: DeliveryState::Pending,
+                                    attempts: 0,
+                                    round_started_at: now,
+                                    next_attempt_at: now,
+                                    lease: None,
+                                    last_error: None,
+                                    history: Vec::new(),
+                                },
+                            );
+                            DeliveryId(self.last_delivery_id)
+                        })
+                        .collect();
+                    Claim::New { deliveries }
+                }
+            };
+            claims.push((event.key.clone(), claim));
+        }
+        let verdict = verdict_of(claims.iter().map(|(_, c)| c));
+        if let Some(request) = self.requests.get_mut(&request_id.0) {
+            request.verdict = verdict;
+        }
+        IngestOutcome { request_id, claims }
+    }
+
+    fn lease_due(
+        &mut self,
+        owner: &str,
+        now: Timestamp,
+        lease: Duration,
+        limit: u32,
+    ) -> Vec<LeasedDelivery> {
+        let mut due: Vec<(Timestamp, i64)> = self
+            .deliveries
+            .iter()
+            .filter(|(_, d)| {
+                d.state == DeliveryState::Pending
+                    && d.next_attempt_at <= now
+                    && d.lease.as_ref().is_none_or(|l| l.until <= now)
+            })
+            .map(|(id, d)| (d.next_attempt_at, *id))
+            .collect();
+        due.sort_unstable();
+        due.truncate(limit as usize);
+        let until = now.plus(lease);
+        let mut leased = Vec::with_capacity(due.len());
+        for (_, id) in due {
+            let delivery = self
+                .deliveries
+                .get_mut(&id)
+                .expect("the id was just read from the map");
+            delivery.lease = Some(Lease {
+                owner: owner.to_owned(),
+                until,
+            });
+            // A pending delivery's request is never purged, so it is always there.
+            let (headers, body) = self
+                .requests
+                .get(&delivery.request_id.0)
+                .map(|r| (r.record.headers.clone(), r.record.body.clone()))
+                .unwrap_or_default();
+            leased.push(LeasedDelivery {
+                id: DeliveryId(id),
+                request_id: delivery.request_id,
+                source: delivery.source.clone(),
+                event_key: delivery.event_key.clone(),
+                event_type: delivery.event_type.clone(),
+                destination: delivery.destination.clone(),
+                idempotency_key: IdempotencyKey::from_stored(delivery.idempotency_key.clone()),
+                attempts: delivery.attempts,
+                round_started_at: delivery.round_started_at,
+                headers,
+                body,
+            });
+        }
+        leased
+    }
+
+    fn record_attempt(&mut self, result: AttemptResult) {
+        // An unknown delivery (purged meanwhile) has nothing to move on.
+        let Some(delivery) = self.deliveries.get_mut(&result.delivery.0) else {
+            return;
+        };
+        delivery.history.push(AttemptRecord {
+            number: delivery.history.len() as u32 + 1,
+            started_at: result.started_at,
+            status: result.status,
+            latency_ms: result.latency.as_millis() as u64,
+            error: result.error.clone(),
+        });
+        delivery.attempts += 1;
+        delivery.lease = None;
+        if result.error.is_some() {
+            delivery.last_error = result.error;
+        }
+        match result.next {
+            AttemptNext::Delivered => delivery.state = DeliveryState::Delivered,
+            AttemptNext::RetryAt(at) => {
+                delivery.state = DeliveryState::Pending;
+                delivery.next_attempt_at = at;
+            }
+            AttemptNext::DeadLetter => delivery.state = DeliveryState::Dead,
+        }
+    }
+
+    fn release_leases(&mut self, owner: &str) {
+        for delivery in self.deliveries.values_mut() {
+            if delivery.state == DeliveryState::Pending
+                && delivery.lease.as_ref().is_some_and(|l| l.owner == owner)
+            {
+                delivery.lease = None;
+            }
+        }
+    }
+
+    fn next_due(&self) -> Option<Timestamp> {
+        // A leased row becomes leasable again when its lease ends, so it counts from then.
+        self.deliveries
+            .values()
+            .filter(|d| d.state == DeliveryState::Pending)
+            .map(|d| match &d.lease {
+                Some(lease) => d.next_attempt_at.max(lease.until),
+                None => d.next_attempt_at,
+            })
+            .min()
+    }
+
+    fn summary(id: i64, request: &StoredRequest) -> RequestSummary {
+        RequestSummary {
+            id: RequestId(id),
+            received_at: request.record.received_at,
+            source: request.record.source.clone(),
+            verdict: request.verdict,
+            reason: request.reason.clone(),
+            status: request.status,
+            keys: request.keys.clone(),
+            body_len: request.record.body.len() as u64,
+        }
+    }
+
+    fn list_requests(&self, filter: &RequestFilter) -> Vec<RequestSummary> {
+        self.requests
+            .iter()
+            .rev()
+            .filter(|(id, r)| {
+                filter.source.as_ref().is_none_or(|s| r.record.source == *s)
+                    && filter.verdict.is_none_or(|v| r.verdict == v)
+                    && filter.key.as_ref().is_none_or(|k| r.keys.contains(k))
+                    && filter.since.is_none_or(|t| r.record.received_at >= t)
+                    && filter.until.is_none_or(|t| r.record.received_at < t)
+                    && filter.before.is_none_or(|b| **id < b.0)
+            })
+            .take(filter.limit as usize)
+            .map(|(id, r)| State::summary(*id, r))
+            .collect()
+    }
+
+    fn delivery_detail(id: i64, delivery: &StoredDelivery) -> DeliveryDetail {
+        DeliveryDetail {
+            id: DeliveryId(id),
+            request_id: delivery.request_id,
+            destination: delivery.destination.clone(),
+            idempotency_key: delivery.idempotency_key.clone(),
+            state: delivery.state,
+            attempts: delivery.attempts,
+            next_attempt_at: (delivery.state == DeliveryState::Pending)
+                .then_some(delivery.next_attempt_at),
+            last_error: delivery.last_error.clone(),
+            history: delivery.history.clone(),
+        }
+    }
+
+    fn get_request(&self, id: RequestId) -> Option<RequestDetail> {
+        let request = self.requests.get(&id.0)?;
+        Some(RequestDetail {
+            summary: State::summary(id.0, request),
+            method: request.record.method.clone(),
+            path: request.record.path.clone(),
+            peer: request.record.peer.clone(),
+            headers: request.record.headers.clone(),
+            body: request.record.body.clone(),
+            body_truncated: request.record.body_truncated,
+            deliveries: self
+                .deliveries
+                .iter()
+                .filter(|(_, d)| d.request_id == id)
+                .map(|(id, d)| State::delivery_detail(*id, d))
+                .collect(),
+        })
+    }
+
+    fn list_deliveries(&self, filter: &DeliveryFilter) -> Vec<DeliveryDetail> {
+        self.deliveries
+            .iter()
+            .rev()
+            .filter(|(id, d)| {
+                filter.state.is_none_or(|s| d.state == s)
+                    && filter
+                        .destination
+                        .as_ref()
+                        .is_none_or(|dest| d.destination == *dest)
+                    && filter.before.is_none_or(|b| **id < b.0)
+            })
+            .take(filter.limit as usize)
+            .map(|(id, d)| State::delivery_detail(*id, d))
+            .collect()
+    }
+
+    fn redrive(&mut self, id: DeliveryId, now: Timestamp) -> Redrive {
+        let Some(delivery) = self.deliveries.get_mut(&id.0) else {
+            return Redrive::NotFound;
+        };
+        if delivery.state != DeliveryState::Dead {
+            return Redrive::NotDead(delivery.state);
+        }
+        delivery.state = DeliveryState::Pending;
+        delivery.attempts = 0;
+        delivery.next_attempt_at = now;
+        delivery.round_started_at = now;
+        delivery.lease = None;
+        Redrive::Queued
+    }
+
+    fn purge(&mut self, now: Timestamp, history_before: Timestamp) -> Purged {
+        let n_claims = self.claims.len();
+        self.claims.retain(|_, claim| claim.expires_at > now);
+        let purged_claims = (n_claims - self.claims.len()) as u64;
+
+        // Kept: requests still pointed at by a claim, and those with a delivery still to make.
+        let mut kept: HashSet<RequestId> = self.claims.values().map(|c| c.request_id).collect();
+        kept.extend(
+            self.deliveries
+                .values()
+                .filter(|d| d.state == DeliveryState::Pending)
+                .map(|d| d.request_id),
+        );
+        let purged: HashSet<i64> = self
+            .requests
+            .iter()
+            .filter(|(id, r)| {
+                r.record.received_at < history_before && !kept.contains(&RequestId(**id))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &purged {
+            self.requests.remove(id);
+        }
+        self.deliveries
+            .retain(|_, d| !purged.contains(&d.request_id.0));
+        Purged {
+            claims: purged_claims,
+            requests: purged.len() as u64,
+        }
+    }
+
+    fn stats(&self) -> StoreStats {
+        let count = |state| {
+            self.deliveries
+                .values()
+                .filter(|d| d.state == state)
+                .count() as u64
+        };
+        StoreStats {
+            pending: count(DeliveryState::Pending),
+            dead: count(DeliveryState::Dead),
+            claims: self.claims.len() as u64,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MemoryStore {
+    async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
+        Ok(self.state().ingest(ingest))
+    }
+
+    async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
+        Ok(self.state().insert_request(
+            rejected.request,
+            Verdict::Rejected,
+            Some(rejected.code),
+            rejected.status,
+            Vec::new(),
+        ))
+    }
+
+    async fn lease_due(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<LeasedDelivery>, StoreError> {
+        Ok(self.state().lease_due(owner, now, lease, limit))
+    }
+
+    async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
+        self.state().record_attempt(result);
+        Ok(())
+    }
+
+    async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
+        self.state().release_leases(owner);
+        Ok(())
+    }
+
+    async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
+        Ok(self.state().next_due())
+    }
+
+    async fn list_requests(
+        &self,
+        filter: RequestFilter,
+    ) -> Result<Vec<RequestSummary>, StoreError> {
+        Ok(self.state().list_requests(&filter))
+    }
+
+    async fn get_request(&self, id: RequestId) -> Result<Option<RequestDetail>, StoreError> {
+        Ok(self.state().get_request(id))
+    }
+
+    async fn list_deliveries(
+        &self,
+        filter: DeliveryFilter,
+    ) -> Result<Vec<DeliveryDetail>, StoreError> {
+        Ok(self.state().list_deliveries(&filter))
+    }
+
+    async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
+        Ok(self.state().redrive(id, now))
+    }
+
+    async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError> {
+        Ok(self.state().purge(now, history_before))
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        Ok(self.state().stats())
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
