@@ -212,6 +212,10 @@ pub struct LeasedDelivery {
 pub struct AttemptResult {
     /// The delivery attempted.
     pub delivery: DeliveryId,
+    /// The worker that leased it. If another worker holds the lease now (this one's expired
+    /// and was taken over) or the delivery is no longer pending, the attempt is kept in
+    /// history but does not move the delivery: a late worker never undoes a newer outcome.
+    pub owner: String,
     /// When the attempt started.
     pub started_at: Timestamp,
     /// How long it took.
@@ -431,7 +435,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<LeasedDelivery>, StoreError>;
 
     /// Records an attempt and moves the delivery on (done, retry later, or dead-letter),
-    /// releasing its lease.
+    /// releasing its lease — unless the delivery is leased by another worker or no longer
+    /// pending, in which case only the attempt is recorded.
     async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError>;
 
     /// Gives back every lease `owner` holds (graceful shutdown), making the rows due again.

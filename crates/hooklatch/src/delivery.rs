@@ -148,6 +148,7 @@ impl Worker {
         let Some(dest) = self.destinations.get(&delivery.destination).cloned() else {
             self.record(AttemptResult {
                 delivery: delivery.id,
+                owner: self.owner.clone(),
                 started_at,
                 latency: Duration::ZERO,
                 status: None,
@@ -215,6 +216,7 @@ impl Worker {
         }
         self.record(AttemptResult {
             delivery: delivery.id,
+            owner: self.owner.clone(),
             started_at,
             latency,
             status,

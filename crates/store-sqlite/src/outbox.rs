@@ -60,16 +60,19 @@ pub(crate) fn lease_due(
 }
 
 pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusqlite::Result<()> {
-    let number: i64 = conn
+    let number: Option<i64> = conn
         .query_row(
             "SELECT total_attempts + 1 FROM deliveries WHERE id = ?1",
             [result.delivery.0],
             |r| r.get(0),
         )
-        .optional()?
-        .unwrap_or(1);
+        .optional()?;
+    // A delivery purged meanwhile has nothing to record against.
+    let Some(number) = number else {
+        return Ok(());
+    };
     conn.execute(
-        "INSERT OR REPLACE INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
+        "INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
             result.delivery.0,
@@ -80,6 +83,11 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
             result.error
         ],
     )?;
+    // The attempt counts in the numbering even when it may not move the delivery.
+    conn.execute(
+        "UPDATE deliveries SET total_attempts = ?2 WHERE id = ?1",
+        params![result.delivery.0, number],
+    )?;
     let (state, next_at) = match result.next {
         AttemptNext::Delivered => (DeliveryState::Delivered, None),
         AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
@@ -87,17 +95,17 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
     };
     let now = result.started_at.plus(result.latency);
     conn.execute(
-        "UPDATE deliveries SET state = ?2, attempts = attempts + 1, total_attempts = ?3,
-            next_attempt_at = COALESCE(?4, next_attempt_at), lease_owner = NULL, lease_until = NULL,
-            last_error = COALESCE(?5, last_error), updated_at = ?6
-         WHERE id = ?1",
+        "UPDATE deliveries SET state = ?2, attempts = attempts + 1,
+            next_attempt_at = COALESCE(?3, next_attempt_at), lease_owner = NULL, lease_until = NULL,
+            last_error = COALESCE(?4, last_error), updated_at = ?5
+         WHERE id = ?1 AND state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?6)",
         params![
             result.delivery.0,
             state.as_str(),
-            number,
             next_at,
             result.error,
-            now.0
+            now.0,
+            result.owner
         ],
     )?;
     Ok(())

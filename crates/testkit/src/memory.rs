@@ -259,6 +259,13 @@ impl State {
             latency_ms: result.latency.as_millis() as u64,
             error: result.error.clone(),
         });
+        let leased_by_another = delivery
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.owner != result.owner);
+        if delivery.state != DeliveryState::Pending || leased_by_another {
+            return;
+        }
         delivery.attempts += 1;
         delivery.lease = None;
         if result.error.is_some() {

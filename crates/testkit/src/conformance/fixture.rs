@@ -96,7 +96,10 @@ pub fn rejection(
     }
 }
 
-/// An attempt on `delivery` that started at `started_at` and took 25 ms.
+/// The worker name [`attempt`] records attempts as.
+pub const WORKER: &str = "worker-a";
+
+/// An attempt by [`WORKER`] on `delivery` that started at `started_at` and took 25 ms.
 pub fn attempt(
     delivery: DeliveryId,
     started_at: Timestamp,
@@ -106,6 +109,7 @@ pub fn attempt(
 ) -> AttemptResult {
     AttemptResult {
         delivery,
+        owner: WORKER.to_owned(),
         started_at,
         latency: Duration::from_millis(25),
         status,

@@ -48,7 +48,7 @@ pub use history::{
 };
 pub use outbox::{
     a_dead_lettered_delivery_keeps_its_last_error, a_delivered_attempt_finishes_the_delivery,
-    a_failed_attempt_is_retried_no_sooner_than_asked,
+    a_failed_attempt_is_retried_no_sooner_than_asked, a_late_worker_never_undoes_a_newer_outcome,
     a_leased_delivery_is_not_leased_again_until_its_lease_expires,
     deliveries_not_yet_due_are_not_leased,
     lease_due_returns_due_deliveries_with_the_request_byte_exact,
@@ -89,6 +89,7 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         a_delivered_attempt_finishes_the_delivery,
         a_failed_attempt_is_retried_no_sooner_than_asked,
         a_dead_lettered_delivery_keeps_its_last_error,
+        a_late_worker_never_undoes_a_newer_outcome,
         redriving_a_dead_delivery_queues_it_again_with_the_same_key,
         redriving_what_is_not_dead_changes_nothing,
         list_requests_filters_and_pages_newest_first,

@@ -238,8 +238,8 @@ pub async fn a_failed_attempt_is_retried_no_sooner_than_asked<S: Store>(store: S
     assert_eq!(retrying.next_attempt_at, Some(at(60)));
     assert_eq!(retrying.last_error.as_deref(), Some("HTTP 500"));
 
-    assert!(lease(&store, "worker-b", at(59), 10).await.is_empty());
-    let again = lease(&store, "worker-b", at(60), 10).await;
+    assert!(lease(&store, "worker-a", at(59), 10).await.is_empty());
+    let again = lease(&store, "worker-a", at(60), 10).await;
     assert_eq!(ids(&again), BTreeSet::from([rows[0]]));
     assert_eq!(
         again[0].attempts, 1,
@@ -380,4 +380,29 @@ pub async fn redriving_what_is_not_dead_changes_nothing<S: Store>(store: S) {
         lease(&store, "worker-b", at(10), 10).await.is_empty(),
         "the pending row is still leased to worker-a"
     );
+}
+
+/// A worker whose lease expired and was taken over records its late attempt in history, but
+/// never moves the delivery: the newer worker's outcome stands.
+pub async fn a_late_worker_never_undoes_a_newer_outcome<S: Store>(store: S) {
+    let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    let rows = new_deliveries(&outcome);
+    assert_eq!(lease(&store, "worker-a", T0, 1).await.len(), 1);
+    let expired = T0.plus(LEASE + Duration::from_secs(1));
+    let taken = lease(&store, "worker-b", expired, 1).await;
+    assert_eq!(ids(&taken), BTreeSet::from([rows[0]]));
+    let mut done = attempt(rows[0], expired, Some(200), None, Delivered);
+    done.owner = "worker-b".to_owned();
+    store.record_attempt(done).await.expect("record_attempt");
+    // worker-a wakes up late and reports a failure.
+    failed(&store, rows[0], at(40), "timeout", RetryAt(at(100))).await;
+
+    let row = delivery(&store, rows[0]).await;
+    assert_eq!(row.state, DeliveryState::Delivered);
+    let numbers: Vec<u32> = row.history.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, [1, 2], "both attempts are kept, numbered in order");
+    assert!(lease(&store, "worker-c", at(200), 10)
+        .await
+        .iter()
+        .all(|d| d.id != rows[0]));
 }
