@@ -7,19 +7,33 @@
 //!
 //! Facts per provider (schemes, keys, quirks, test vectors) come from `providers.md`.
 
+mod discord;
 mod generic;
 mod github;
+mod paddle;
+mod razorpay;
+mod shopify;
+mod slack;
 pub mod standard_webhooks;
 mod stripe;
+mod twilio;
+mod whatsapp;
 
 use std::time::Duration;
 
 use http::HeaderMap;
 
+pub use discord::Discord;
 pub use generic::{Generic, GenericSettings, SignatureEncoding};
 pub use github::GitHub;
+pub use paddle::Paddle;
+pub use razorpay::Razorpay;
+pub use shopify::Shopify;
+pub use slack::Slack;
 pub use standard_webhooks::StandardWebhooks;
 pub use stripe::Stripe;
+pub use twilio::Twilio;
+pub use whatsapp::WhatsApp;
 
 use crate::id::EventKey;
 use crate::secret::Secret;
@@ -281,8 +295,22 @@ mod tests {
             type_header: None,
             type_pointer: None,
         };
-        let adapters: [&dyn ProviderAdapter; 4] =
-            [&Stripe, &GitHub, &StandardWebhooks, &Generic { settings }];
+        let discord =
+            Discord::from_hex("d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a")
+                .expect("RFC 8032 test key");
+        let adapters: [&dyn ProviderAdapter; 11] = [
+            &Stripe,
+            &GitHub,
+            &StandardWebhooks,
+            &Generic { settings },
+            &Shopify,
+            &Twilio { public_url: None },
+            &Slack::default(),
+            &WhatsApp { verify_token: None },
+            &discord,
+            &Razorpay,
+            &Paddle,
+        ];
         for adapter in adapters {
             assert!(
                 adapter.default_retention() >= MIN_RETENTION,
@@ -290,8 +318,12 @@ mod tests {
                 adapter.provider()
             );
         }
-        // Stripe's CLI resends for 30 days; GitHub Enterprise redelivers for 7.
+        // Stripe's CLI resends for 30 days; GitHub Enterprise redelivers for 7; Razorpay's
+        // dashboard replays for 7; Meta reportedly retries for 7.
+        let week = Duration::from_secs(7 * 86_400);
         assert!(Stripe.default_retention() > Duration::from_secs(30 * 86_400));
-        assert!(GitHub.default_retention() > Duration::from_secs(7 * 86_400));
+        assert!(GitHub.default_retention() > week);
+        assert!(Razorpay.default_retention() > week);
+        assert!(WhatsApp { verify_token: None }.default_retention() > week);
     }
 }
