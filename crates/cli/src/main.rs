@@ -73,7 +73,8 @@ Examples:
 
 #[derive(Debug, clap::Args)]
 struct SendArgs {
-    /// The provider: stripe, github, standard-webhooks.
+    /// The provider: stripe, github, standard-webhooks, shopify, twilio, slack, whatsapp,
+    /// discord, razorpay, paddle.
     #[arg(required_unless_present = "list")]
     provider: Option<String>,
     /// The event type (default: the provider's first, e.g. invoice.payment_succeeded).

@@ -42,6 +42,9 @@ pub enum Verdict {
     Conflict,
     /// Refused before the store was touched (signature, timestamp, size, format, unknown source).
     Rejected,
+    /// A verified provider handshake (Slack `url_verification`, Discord PING, Meta's `GET`
+    /// subscription check): answered, not an event, claims nothing.
+    Handshake,
 }
 
 impl Verdict {
@@ -52,6 +55,7 @@ impl Verdict {
             Verdict::Duplicate => "duplicate",
             Verdict::Conflict => "conflict",
             Verdict::Rejected => "rejected",
+            Verdict::Handshake => "handshake",
         }
     }
 
@@ -62,6 +66,7 @@ impl Verdict {
             "duplicate" => Verdict::Duplicate,
             "conflict" => Verdict::Conflict,
             "rejected" => Verdict::Rejected,
+            "handshake" => Verdict::Handshake,
             _ => return None,
         })
     }
@@ -424,6 +429,14 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records a rejected request in history. Touches no claim and no outbox row.
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError>;
+
+    /// Records a verified handshake (verdict [`Verdict::Handshake`]) answered with `status`.
+    /// Touches no claim and no outbox row.
+    async fn record_handshake(
+        &self,
+        request: RequestRecord,
+        status: u16,
+    ) -> Result<RequestId, StoreError>;
 
     /// Leases up to `limit` pending deliveries due at `now` for `lease`, to `owner`.
     async fn lease_due(

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use hooklatch_core::provider::standard_webhooks::decode_secret;
 use hooklatch_core::provider::{
-    Generic, GenericSettings, GitHub, SignatureEncoding, StandardWebhooks, Stripe,
+    Discord, Generic, GenericSettings, GitHub, Paddle, Razorpay, Shopify, SignatureEncoding, Slack,
+    StandardWebhooks, Stripe, Twilio, WhatsApp,
 };
 use hooklatch_core::{ProviderAdapter, RetryPolicy, Secret, SourceName};
 use hooklatch_http::Source;
@@ -177,6 +178,11 @@ struct RawSource {
     key_pointer: Option<String>,
     type_header: Option<String>,
     type_pointer: Option<String>,
+    public_url: Option<String>,
+    verify_token: Option<String>,
+    public_key: Option<String>,
+    deferred_response: Option<String>,
+    interactive_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -399,8 +405,9 @@ fn resolve(
                 format!("{:?} is used twice", rs.name),
             ));
         }
-        let adapter = build_adapter(&key, rs)?;
-        if rs.secrets.is_empty() {
+        let adapter = build_adapter(&key, rs, env, base_dir)?;
+        // Discord signs with a key pair: its public key is `public_key`, not a secret.
+        if rs.secrets.is_empty() && rs.provider != "discord" {
             return Err(err(
                 format!("{key}.secrets"),
                 "at least one signing secret is required",
@@ -461,34 +468,156 @@ fn resolve(
     })
 }
 
-fn build_adapter(key: &str, rs: &RawSource) -> Result<Arc<dyn ProviderAdapter>, ConfigError> {
-    let generic_only = [
-        ("signature_header", rs.signature_header.is_some()),
-        ("signature_encoding", rs.signature_encoding.is_some()),
-        ("signature_prefix", rs.signature_prefix.is_some()),
-        ("key_header", rs.key_header.is_some()),
-        ("key_pointer", rs.key_pointer.is_some()),
-        ("type_header", rs.type_header.is_some()),
-        ("type_pointer", rs.type_pointer.is_some()),
-    ];
-    if rs.provider != "generic" {
-        if let Some((field, _)) = generic_only.iter().find(|(_, set)| *set) {
-            return Err(err(
-                format!("{key}.{field}"),
-                "only applies to provider = \"generic\"",
-            ));
-        }
+/// Settings that belong to one provider only, and which one.
+const PROVIDER_SETTINGS: &[(&str, &str)] = &[
+    ("signature_header", "generic"),
+    ("signature_encoding", "generic"),
+    ("signature_prefix", "generic"),
+    ("key_header", "generic"),
+    ("key_pointer", "generic"),
+    ("type_header", "generic"),
+    ("type_pointer", "generic"),
+    ("public_url", "twilio"),
+    ("verify_token", "whatsapp"),
+    ("public_key", "discord"),
+    ("deferred_response", "discord"),
+    ("interactive_key", "slack"),
+];
+
+/// The providers hooklatch knows, as written in config.
+pub const PROVIDERS: &[&str] = &[
+    "stripe",
+    "github",
+    "standard-webhooks",
+    "generic",
+    "shopify",
+    "twilio",
+    "slack",
+    "whatsapp",
+    "discord",
+    "razorpay",
+    "paddle",
+];
+
+fn build_adapter(
+    key: &str,
+    rs: &RawSource,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Arc<dyn ProviderAdapter>, ConfigError> {
+    let set = |field: &str| match field {
+        "signature_header" => rs.signature_header.is_some(),
+        "signature_encoding" => rs.signature_encoding.is_some(),
+        "signature_prefix" => rs.signature_prefix.is_some(),
+        "key_header" => rs.key_header.is_some(),
+        "key_pointer" => rs.key_pointer.is_some(),
+        "type_header" => rs.type_header.is_some(),
+        "type_pointer" => rs.type_pointer.is_some(),
+        "public_url" => rs.public_url.is_some(),
+        "verify_token" => rs.verify_token.is_some(),
+        "public_key" => rs.public_key.is_some(),
+        "deferred_response" => rs.deferred_response.is_some(),
+        "interactive_key" => rs.interactive_key.is_some(),
+        _ => false,
+    };
+    if let Some((field, owner)) = PROVIDER_SETTINGS
+        .iter()
+        .find(|(field, owner)| set(field) && *owner != rs.provider)
+    {
+        return Err(err(
+            format!("{key}.{field}"),
+            format!("only applies to provider = \"{owner}\""),
+        ));
     }
+    let pointer = |field: &str, value: &Option<String>| -> Result<(), ConfigError> {
+        match value {
+            Some(p) if !p.starts_with('/') => Err(err(
+                format!("{key}.{field}"),
+                "a JSON pointer starts with '/', e.g. \"/id\"",
+            )),
+            _ => Ok(()),
+        }
+    };
     Ok(match rs.provider.as_str() {
         "stripe" => Arc::new(Stripe),
         "github" => Arc::new(GitHub),
         "standard-webhooks" => Arc::new(StandardWebhooks),
+        "shopify" => Arc::new(Shopify),
+        "razorpay" => Arc::new(Razorpay),
+        "paddle" => Arc::new(Paddle),
+        "twilio" => {
+            if let Some(url) = &rs.public_url {
+                let parsed =
+                    reqwest::Url::parse(url).map_err(|e| err(format!("{key}.public_url"), e))?;
+                if !matches!(parsed.scheme(), "http" | "https") || parsed.path() != "/" {
+                    return Err(err(
+                        format!("{key}.public_url"),
+                        "must be a base URL like https://hooks.example.com (no path)",
+                    ));
+                }
+            }
+            Arc::new(Twilio {
+                public_url: rs
+                    .public_url
+                    .as_ref()
+                    .map(|u| u.trim_end_matches('/').to_owned()),
+            })
+        }
+        "slack" => {
+            pointer("interactive_key", &rs.interactive_key)?;
+            Arc::new(Slack {
+                interactive_key: rs.interactive_key.clone(),
+            })
+        }
+        "whatsapp" => {
+            let verify_token = rs
+                .verify_token
+                .as_deref()
+                .map(|t| read_secret(&format!("{key}.verify_token"), t, env, base_dir))
+                .transpose()?;
+            if verify_token.is_none() {
+                tracing::warn!(source = %rs.name, "no verify_token: Meta's subscription check (GET) will be refused");
+            }
+            Arc::new(WhatsApp { verify_token })
+        }
+        "discord" => {
+            let hex_key = rs.public_key.as_deref().ok_or_else(|| {
+                err(
+                    format!("{key}.public_key"),
+                    "is required for a discord source (the application's public key, hex)",
+                )
+            })?;
+            let mut discord =
+                Discord::from_hex(hex_key).map_err(|e| err(format!("{key}.public_key"), e))?;
+            if let Some(reply) = &rs.deferred_response {
+                let value: serde_json::Value = serde_json::from_str(reply).map_err(|e| {
+                    err(
+                        format!("{key}.deferred_response"),
+                        format!("is not JSON: {e}"),
+                    )
+                })?;
+                if !value.get("type").is_some_and(serde_json::Value::is_u64) {
+                    return Err(err(
+                        format!("{key}.deferred_response"),
+                        "must be an interaction response with a numeric \"type\", e.g. {\"type\":5}",
+                    ));
+                }
+                discord.deferred_response = Some(value);
+            }
+            Arc::new(discord)
+        }
         "generic" => {
             let signature_header = rs.signature_header.clone().ok_or_else(|| {
-                err(format!("{key}.signature_header"), "is required for a generic source")
+                err(
+                    format!("{key}.signature_header"),
+                    "is required for a generic source",
+                )
             })?;
             http::HeaderName::from_bytes(signature_header.as_bytes()).map_err(|_| {
-                err(format!("{key}.signature_header"), "is not a valid header name")
+                err(
+                    format!("{key}.signature_header"),
+                    "is not a valid header name",
+                )
             })?;
             let encoding = match rs.signature_encoding.as_deref().unwrap_or("hex") {
                 "hex" => SignatureEncoding::Hex,
@@ -500,21 +629,14 @@ fn build_adapter(key: &str, rs: &RawSource) -> Result<Arc<dyn ProviderAdapter>, 
                     ))
                 }
             };
-            match (&rs.key_header, &rs.key_pointer) {
-                (None, None) => {
-                    return Err(err(
-                        format!("{key}.key_header"),
-                        "a generic source needs key_header or key_pointer",
-                    ))
-                }
-                (_, Some(p)) if !p.is_empty() && !p.starts_with('/') => {
-                    return Err(err(
-                        format!("{key}.key_pointer"),
-                        "a JSON pointer starts with '/', e.g. \"/id\"",
-                    ))
-                }
-                _ => {}
+            if rs.key_header.is_none() && rs.key_pointer.is_none() {
+                return Err(err(
+                    format!("{key}.key_header"),
+                    "a generic source needs key_header or key_pointer",
+                ));
             }
+            pointer("key_pointer", &rs.key_pointer)?;
+            pointer("type_pointer", &rs.type_pointer)?;
             Arc::new(Generic {
                 settings: GenericSettings {
                     signature_header,
@@ -531,7 +653,8 @@ fn build_adapter(key: &str, rs: &RawSource) -> Result<Arc<dyn ProviderAdapter>, 
             return Err(err(
                 format!("{key}.provider"),
                 format!(
-                    "unknown provider {other:?}; expected one of stripe, github, standard-webhooks, generic"
+                    "unknown provider {other:?}; expected one of {}",
+                    PROVIDERS.join(", ")
                 ),
             ))
         }
@@ -792,6 +915,99 @@ url = "http://127.0.0.1:3000/webhooks/stripe"
             ),
             &with_secret,
             "sources[0].key_header: only applies to provider = \"generic\"",
+        );
+    }
+
+    #[test]
+    fn every_provider_loads_with_its_own_settings() {
+        let toml = r#"
+[[sources]]
+name = "twilio"
+provider = "twilio"
+secrets = ["auth-token"]
+public_url = "https://hooks.example.com/"
+
+[[sources]]
+name = "wa"
+provider = "whatsapp"
+secrets = ["app-secret"]
+verify_token = "env:WA_VERIFY"
+
+[[sources]]
+name = "discord"
+provider = "discord"
+public_key = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+deferred_response = '{"type":5,"data":{"flags":64}}'
+
+[[sources]]
+name = "slack"
+provider = "slack"
+secrets = ["signing-secret"]
+interactive_key = "/actions/0/action_id"
+
+[[sources]]
+name = "shop"
+provider = "shopify"
+secrets = ["s"]
+
+[[sources]]
+name = "rzp"
+provider = "razorpay"
+secrets = ["s"]
+
+[[sources]]
+name = "paddle"
+provider = "paddle"
+secrets = ["s"]
+tolerance = "30s"
+"#;
+        let s = load_str(toml, &env(&[TOKEN, ("WA_VERIFY", "meta-verify")])).unwrap();
+        let names: Vec<&str> = s.sources.iter().map(|s| s.adapter.provider()).collect();
+        assert_eq!(
+            names,
+            ["twilio", "whatsapp", "discord", "slack", "shopify", "razorpay", "paddle"]
+        );
+        assert!(s.sources[2].secrets.is_empty());
+        assert_eq!(s.sources[6].tolerance, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn provider_settings_are_checked() {
+        let base = "[[sources]]\nname = \"x\"\nsecrets = [\"s\"]\n";
+        check_err(
+            &format!("{base}provider = \"discord\""),
+            &[],
+            "sources[0].public_key: is required",
+        );
+        check_err(
+            &format!("{base}provider = \"discord\"\npublic_key = \"zz\""),
+            &[],
+            "sources[0].public_key:",
+        );
+        check_err(
+            &format!("{base}provider = \"stripe\"\nverify_token = \"t\""),
+            &[],
+            "sources[0].verify_token: only applies to provider = \"whatsapp\"",
+        );
+        check_err(
+            &format!("{base}provider = \"twilio\"\npublic_url = \"https://h.example/in/twilio\""),
+            &[],
+            "sources[0].public_url: must be a base URL",
+        );
+        check_err(
+            &format!("{base}provider = \"slack\"\ninteractive_key = \"trigger_id\""),
+            &[],
+            "sources[0].interactive_key: a JSON pointer",
+        );
+        check_err(
+            &format!("{base}provider = \"github\"\nsecrets = []"),
+            &[],
+            "duplicate key",
+        );
+        check_err(
+            "[[sources]]\nname = \"x\"\nprovider = \"github\"",
+            &[],
+            "sources[0].secrets: at least one",
         );
     }
 

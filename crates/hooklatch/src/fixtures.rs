@@ -5,40 +5,106 @@
 //! `{{created_rfc3339}}` filled in. Signing uses the provider adapter's own signer, so a test
 //! event is signed exactly as the provider signs it.
 
-use hooklatch_core::provider::{GitHub, SignRequest, StandardWebhooks, Stripe};
+use hooklatch_core::provider::{
+    Discord, GitHub, Paddle, Razorpay, Shopify, SignRequest, Slack, StandardWebhooks, Stripe,
+    Twilio, WhatsApp,
+};
 use hooklatch_core::{ProviderAdapter, Secret, Timestamp};
 
-/// `(provider, event type, body template)`, the first event of each provider its default.
-const FIXTURES: &[(&str, &str, &str)] = &[
-    (
+const JSON: &str = "application/json";
+const FORM: &str = "application/x-www-form-urlencoded";
+
+/// A test event's template: provider, name (what `--event` takes: the event type, or a
+/// scenario such as WhatsApp's `batch`), content type and body.
+struct Fixture {
+    provider: &'static str,
+    name: &'static str,
+    content_type: &'static str,
+    body: &'static str,
+}
+
+macro_rules! fixture {
+    ($provider:literal, $name:literal, $file:literal, $content_type:expr) => {
+        Fixture {
+            provider: $provider,
+            name: $name,
+            content_type: $content_type,
+            body: include_str!(concat!("../fixtures/", $provider, "/", $file)),
+        }
+    };
+}
+
+/// Every test event; each provider's first is its default.
+const FIXTURES: &[Fixture] = &[
+    fixture!(
         "stripe",
         "invoice.payment_succeeded",
-        include_str!("../fixtures/stripe/invoice.payment_succeeded.json"),
+        "invoice.payment_succeeded.json",
+        JSON
     ),
-    (
+    fixture!(
         "stripe",
         "checkout.session.completed",
-        include_str!("../fixtures/stripe/checkout.session.completed.json"),
+        "checkout.session.completed.json",
+        JSON
     ),
-    (
-        "github",
-        "push",
-        include_str!("../fixtures/github/push.json"),
-    ),
-    (
-        "github",
-        "pull_request",
-        include_str!("../fixtures/github/pull_request.json"),
-    ),
-    (
+    fixture!("github", "push", "push.json", JSON),
+    fixture!("github", "pull_request", "pull_request.json", JSON),
+    fixture!(
         "standard-webhooks",
         "invoice.paid",
-        include_str!("../fixtures/standard-webhooks/invoice.paid.json"),
+        "invoice.paid.json",
+        JSON
     ),
-    (
+    fixture!(
         "standard-webhooks",
         "user.created",
-        include_str!("../fixtures/standard-webhooks/user.created.json"),
+        "user.created.json",
+        JSON
+    ),
+    fixture!("shopify", "orders/create", "orders__create.json", JSON),
+    fixture!("shopify", "orders/paid", "orders__paid.json", JSON),
+    fixture!("twilio", "message.inbound", "message.inbound.form", FORM),
+    fixture!(
+        "twilio",
+        "message.status.delivered",
+        "message.status.delivered.form",
+        FORM
+    ),
+    fixture!("slack", "app_mention", "app_mention.json", JSON),
+    fixture!("slack", "block_actions", "block_actions.form", FORM),
+    fixture!("whatsapp", "batch", "batch.json", JSON),
+    fixture!("whatsapp", "message.text", "message.text.json", JSON),
+    fixture!(
+        "discord",
+        "application_command.book",
+        "application_command.book.json",
+        JSON
+    ),
+    fixture!(
+        "discord",
+        "message_component",
+        "message_component.json",
+        JSON
+    ),
+    fixture!(
+        "razorpay",
+        "payment.captured",
+        "payment.captured.json",
+        JSON
+    ),
+    fixture!("razorpay", "order.paid", "order.paid.json", JSON),
+    fixture!(
+        "paddle",
+        "transaction.completed",
+        "transaction.completed.json",
+        JSON
+    ),
+    fixture!(
+        "paddle",
+        "subscription.created",
+        "subscription.created.json",
+        JSON
     ),
 ];
 
@@ -73,10 +139,45 @@ pub enum FixtureError {
     },
 }
 
-/// The providers and event types there are fixtures for.
+/// The providers and event names there are fixtures for.
 pub fn catalog() -> impl Iterator<Item = (&'static str, &'static str)> {
-    FIXTURES.iter().map(|(p, e, _)| (*p, *e))
+    FIXTURES.iter().map(|f| (f.provider, f.name))
 }
+
+/// The adapter that signs a provider's test events, if there are any.
+fn signer(provider: &str, secret: &Secret) -> Option<Box<dyn ProviderAdapter>> {
+    Some(match provider {
+        "stripe" => Box::new(Stripe),
+        "github" => Box::new(GitHub),
+        "standard-webhooks" => Box::new(StandardWebhooks),
+        "shopify" => Box::new(Shopify),
+        "twilio" => Box::new(Twilio { public_url: None }),
+        "slack" => Box::new(Slack::default()),
+        "whatsapp" => Box::new(WhatsApp { verify_token: None }),
+        "discord" => Box::new(discord_for(secret)),
+        "razorpay" => Box::new(Razorpay),
+        "paddle" => Box::new(Paddle),
+        _ => return None,
+    })
+}
+
+/// Discord signs with a key pair: the secret is the private key seed (64 hex characters),
+/// and the adapter carries the matching public key.
+fn discord_for(secret: &Secret) -> Discord {
+    let seed: Option<[u8; 32]> = secret
+        .expose_text()
+        .and_then(|t| hex::decode(t.trim()).ok())
+        .and_then(|b| b.try_into().ok());
+    let public = seed
+        .map(|s| ed25519_dalek::SigningKey::from_bytes(&s).verifying_key())
+        .map(|k| hex::encode(k.as_bytes()));
+    Discord::from_hex(public.as_deref().unwrap_or(RFC8032_PUBLIC_KEY))
+        .expect("a public key derived from a seed, or RFC 8032's, is valid")
+}
+
+/// RFC 8032, section 7.1, test 1: a valid public key when the seed does not decode (the
+/// signature then never verifies, which is what sending with a wrong secret should do).
+const RFC8032_PUBLIC_KEY: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
 
 /// Builds a signed test event for sending to `url`. `id` defaults to a fresh provider-shaped id.
 pub fn build(
@@ -87,60 +188,52 @@ pub fn build(
     url: &str,
     now: Timestamp,
 ) -> Result<TestEvent, FixtureError> {
-    let adapter: &dyn ProviderAdapter = match provider {
-        "stripe" => &Stripe,
-        "github" => &GitHub,
-        "standard-webhooks" => &StandardWebhooks,
-        other => {
-            let mut known: Vec<&str> = FIXTURES.iter().map(|f| f.0).collect();
-            known.dedup();
-            return Err(FixtureError::UnknownProvider(
-                other.to_owned(),
-                known.join(", "),
-            ));
-        }
+    let unknown_provider = || {
+        let mut known: Vec<&str> = FIXTURES.iter().map(|f| f.provider).collect();
+        known.dedup();
+        FixtureError::UnknownProvider(provider.to_owned(), known.join(", "))
     };
-    let mut of_provider = FIXTURES.iter().filter(|f| f.0 == provider);
+    let adapter = signer(provider, secret).ok_or_else(unknown_provider)?;
+    let mut of_provider = FIXTURES.iter().filter(|f| f.provider == provider);
     let fixture = match event_type {
         None => of_provider.next(),
-        Some(t) => of_provider.find(|f| f.1 == t),
+        Some(t) => of_provider.find(|f| f.name == t),
     }
     .ok_or_else(|| FixtureError::UnknownEvent {
         provider: provider.to_owned(),
         event_type: event_type.unwrap_or_default().to_owned(),
         known: FIXTURES
             .iter()
-            .filter(|f| f.0 == provider)
-            .map(|f| f.1)
+            .filter(|f| f.provider == provider)
+            .map(|f| f.name)
             .collect::<Vec<_>>()
             .join(", "),
     })?;
     let key = id.map(str::to_owned).unwrap_or_else(|| fresh_id(provider));
     let body = fixture
-        .2
+        .body
         .replace("{{id}}", &key)
         .replace("{{created_rfc3339}}", &now.to_rfc3339())
         .replace("{{created}}", &now.as_secs().to_string())
         .into_bytes();
-    let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+    let mut headers = vec![("content-type".to_owned(), fixture.content_type.to_owned())];
     headers.extend(adapter.sign(&SignRequest {
         url,
         body: &body,
         secret,
         now,
         event_key: &key,
-        event_type: Some(fixture.1),
+        event_type: Some(fixture.name),
     }));
     Ok(TestEvent {
         key,
-        event_type: fixture.1.to_owned(),
+        event_type: fixture.name.to_owned(),
         headers,
         body,
     })
 }
 
-/// An id shaped like the provider's: `evt_…` (Stripe), a GUID (GitHub), `msg_…` (Standard
-/// Webhooks).
+/// An id shaped like the provider's.
 fn fresh_id(provider: &str) -> String {
     use rand::Rng;
     let mut rng = rand::rng();
@@ -149,20 +242,26 @@ fn fresh_id(provider: &str) -> String {
             .map(|_| rng.sample(rand::distr::Alphanumeric) as char)
             .collect()
     };
+    let guid = |rng: &mut rand::rngs::ThreadRng| {
+        let h = hex::encode(rng.random::<[u8; 16]>());
+        format!(
+            "{}-{}-{}-{}-{}",
+            &h[..8],
+            &h[8..12],
+            &h[12..16],
+            &h[16..20],
+            &h[20..]
+        )
+    };
     match provider {
-        "github" => {
-            let b: [u8; 16] = rng.random();
-            let h = hex::encode(b);
-            format!(
-                "{}-{}-{}-{}-{}",
-                &h[..8],
-                &h[8..12],
-                &h[12..16],
-                &h[16..20],
-                &h[20..]
-            )
-        }
+        "github" | "shopify" => guid(&mut rng),
         "standard-webhooks" => format!("msg_{}", alnum(27, &mut rng)),
+        "twilio" => hex::encode(rng.random::<[u8; 16]>()),
+        "slack" => format!("Ev{}", alnum(9, &mut rng).to_uppercase()),
+        "whatsapp" => alnum(32, &mut rng),
+        "discord" => rng.random_range(10u64.pow(17)..10u64.pow(19)).to_string(),
+        "razorpay" => format!("evt_{}", alnum(14, &mut rng)),
+        "paddle" => format!("evt_{}", alnum(26, &mut rng).to_lowercase()),
         _ => format!("evt_{}", alnum(24, &mut rng)),
     }
 }
@@ -177,13 +276,17 @@ mod tests {
     const URL: &str = "http://127.0.0.1:8080/in/test";
 
     #[test]
-    fn every_fixture_is_json_and_verifies_with_its_adapter() {
-        let secret = Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
+    fn every_fixture_verifies_with_its_adapter_and_yields_its_key() {
         let now = Timestamp::from_secs(1_700_000_000);
-        for (provider, event_type) in catalog() {
-            let event = build(provider, Some(event_type), None, &secret, URL, now).unwrap();
-            serde_json::from_slice::<serde_json::Value>(&event.body)
-                .unwrap_or_else(|e| panic!("{provider}/{event_type}: {e}"));
+        for (provider, name) in catalog() {
+            // Discord signs with a private key seed; the rest with a shared secret.
+            let secret = match provider {
+                "discord" => Secret::from_text(
+                    "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+                ),
+                _ => Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD"),
+            };
+            let event = build(provider, Some(name), None, &secret, URL, now).unwrap();
             let mut headers = HeaderMap::new();
             for (k, v) in &event.headers {
                 headers.insert(
@@ -191,11 +294,8 @@ mod tests {
                     v.parse().unwrap(),
                 );
             }
-            let adapter: &dyn ProviderAdapter = match provider {
-                "stripe" => &Stripe,
-                "github" => &GitHub,
-                _ => &StandardWebhooks,
-            };
+            headers.insert("host", "127.0.0.1:8080".parse().unwrap());
+            let adapter = signer(provider, &secret).unwrap();
             let req = InboundRequest {
                 path_and_query: "/in/test",
                 headers: &headers,
@@ -208,11 +308,50 @@ mod tests {
                     std::slice::from_ref(&secret),
                     std::time::Duration::from_secs(300),
                 )
-                .unwrap_or_else(|e| panic!("{provider}/{event_type}: {e:?}"));
-            let extracted = adapter.extract(&req).unwrap();
-            assert_eq!(extracted[0].key.as_str(), event.key);
-            assert_eq!(extracted[0].event_type.as_deref(), Some(event_type));
+                .unwrap_or_else(|e| panic!("{provider}/{name}: {e:?}"));
+            assert_eq!(adapter.handshake(&req), None, "{provider}/{name}");
+            let extracted = adapter
+                .extract(&req)
+                .unwrap_or_else(|e| panic!("{provider}/{name}: {e:?}"));
+            assert!(
+                extracted
+                    .iter()
+                    .any(|e| e.key.as_str().contains(&event.key)),
+                "{provider}/{name}: no event keyed by {}",
+                event.key
+            );
         }
+    }
+
+    #[test]
+    fn a_whatsapp_batch_is_five_events() {
+        let secret = Secret::from_text("app-secret");
+        let event = build(
+            "whatsapp",
+            Some("batch"),
+            Some("abc"),
+            &secret,
+            URL,
+            Timestamp(0),
+        )
+        .unwrap();
+        let mut headers = HeaderMap::new();
+        for (k, v) in &event.headers {
+            headers.insert(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        let req = InboundRequest {
+            path_and_query: "/in/test",
+            headers: &headers,
+            body: &event.body,
+            now: Timestamp(0),
+        };
+        assert_eq!(
+            WhatsApp { verify_token: None }.extract(&req).unwrap().len(),
+            5
+        );
     }
 
     #[test]

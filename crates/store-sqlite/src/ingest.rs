@@ -116,6 +116,14 @@ pub(crate) fn record_rejection(
     )
 }
 
+pub(crate) fn record_handshake(
+    conn: &Connection,
+    request: &RequestRecord,
+    status: u16,
+) -> rusqlite::Result<RequestId> {
+    insert_request(conn, request, Verdict::Handshake, None, status, "[]")
+}
+
 fn insert_request(
     conn: &Connection,
     request: &RequestRecord,

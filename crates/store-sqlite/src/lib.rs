@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use hooklatch_core::store::{
     AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery, Purged,
-    Redrive, Rejected, RequestDetail, RequestFilter, RequestSummary, StoreStats,
+    Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use rusqlite::{Connection, OpenFlags};
@@ -204,6 +204,16 @@ impl Store for SqliteStore {
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
         self.writer
             .run(move |tx| ingest::record_rejection(tx, &rejected))
+            .await
+    }
+
+    async fn record_handshake(
+        &self,
+        request: RequestRecord,
+        status: u16,
+    ) -> Result<RequestId, StoreError> {
+        self.writer
+            .run(move |tx| ingest::record_handshake(tx, &request, status))
             .await
     }
 

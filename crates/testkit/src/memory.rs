@@ -462,6 +462,16 @@ impl Store for MemoryStore {
         ))
     }
 
+    async fn record_handshake(
+        &self,
+        request: RequestRecord,
+        status: u16,
+    ) -> Result<RequestId, StoreError> {
+        Ok(self
+            .state()
+            .insert_request(request, Verdict::Handshake, None, status, Vec::new()))
+    }
+
     async fn lease_due(
         &self,
         owner: &str,

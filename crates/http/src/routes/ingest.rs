@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -19,7 +20,7 @@ use axum::{Json, Router};
 use bytes::Bytes;
 use hooklatch_core::secret::sha256;
 use hooklatch_core::store::{Claim, Ingest, NewEvent, Rejected, RequestRecord, Verdict};
-use hooklatch_core::{InboundRequest, Timestamp};
+use hooklatch_core::{InboundRequest, ProviderReply, Timestamp};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
@@ -27,7 +28,7 @@ use crate::{ApiError, IngestState, Source};
 
 pub(crate) fn router(state: Arc<IngestState>) -> Router {
     Router::new()
-        .route("/in/{source}", post(ingest))
+        .route("/in/{source}", post(ingest).get(check))
         .with_state(state)
 }
 
@@ -38,27 +39,7 @@ async fn ingest(
 ) -> Response {
     let started = Instant::now();
     let (parts, body) = req.into_parts();
-    let mut record = RequestRecord {
-        received_at: Timestamp::now(),
-        source: source_name.clone(),
-        method: parts.method.to_string(),
-        path: parts
-            .uri
-            .path_and_query()
-            .map(|p| p.to_string())
-            .unwrap_or_default(),
-        peer: parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.to_string()),
-        headers: parts
-            .headers
-            .iter()
-            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-            .collect(),
-        body: Bytes::new(),
-        body_truncated: false,
-    };
+    let mut record = request_record(&parts, &source_name);
     let source = state.sources.get(&source_name);
     let metric_source = source.map_or("unknown", |s| s.name.as_str()).to_owned();
 
@@ -94,10 +75,17 @@ async fn ingest(
         body: &record.body,
         now: record.received_at,
     };
-    let checked = source
+    if let Err(rejection) = source
         .adapter
         .verify(&inbound, &source.secrets, source.tolerance)
-        .and_then(|()| source.adapter.extract(&inbound));
+    {
+        return reject(&state, record, &metric_source, rejection_error(&rejection)).await;
+    }
+    if let Some(reply) = source.adapter.handshake(&inbound) {
+        return handshake(&state, record, &metric_source, reply).await;
+    }
+    let ack = source.adapter.ack_reply(&inbound);
+    let checked = source.adapter.extract(&inbound);
     let events = match checked {
         Ok(events) if !events.is_empty() => events,
         Ok(_) => {
@@ -109,14 +97,104 @@ async fn ingest(
             return reject(&state, record, &metric_source, err).await;
         }
         Err(rejection) => {
-            let status =
-                StatusCode::from_u16(rejection.status()).unwrap_or(StatusCode::BAD_REQUEST);
-            let err = ApiError::new(status, rejection.code(), rejection.message());
-            return reject(&state, record, &metric_source, err).await;
+            return reject(&state, record, &metric_source, rejection_error(&rejection)).await;
         }
     };
 
-    accept(&state, source, record, events, started).await
+    accept(&state, source, record, events, started, ack).await
+}
+
+/// `GET /in/{source}`: a provider's subscription check (Meta's `hub.challenge`). Providers
+/// without one get 405. Answered or refused, it is kept in history and claims nothing.
+async fn check(
+    State(state): State<Arc<IngestState>>,
+    Path(source_name): Path<String>,
+    req: Request,
+) -> Response {
+    let (parts, _body) = req.into_parts();
+    let record = request_record(&parts, &source_name);
+    let Some(source) = state.sources.get(&source_name) else {
+        let err = ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_source",
+            format!("no source named {source_name:?} is configured"),
+        );
+        return reject(&state, record, "unknown", err).await;
+    };
+    let metric_source = source.name.to_string();
+    match source
+        .adapter
+        .handle_get(parts.uri.query().unwrap_or_default())
+    {
+        None => {
+            let err = ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                format!("{} sources take POST only", source.adapter.provider()),
+            );
+            reject(&state, record, &metric_source, err).await
+        }
+        Some(Err(rejection)) => {
+            reject(&state, record, &metric_source, rejection_error(&rejection)).await
+        }
+        Some(Ok(reply)) => handshake(&state, record, &metric_source, reply).await,
+    }
+}
+
+/// The history record of a request as received (the body is filled in once read).
+fn request_record(parts: &Parts, source_name: &str) -> RequestRecord {
+    RequestRecord {
+        received_at: Timestamp::now(),
+        source: source_name.to_owned(),
+        method: parts.method.to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.to_string())
+            .unwrap_or_default(),
+        peer: parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.to_string()),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect(),
+        body: Bytes::new(),
+        body_truncated: false,
+    }
+}
+
+fn rejection_error(rejection: &hooklatch_core::Rejection) -> ApiError {
+    let status = StatusCode::from_u16(rejection.status()).unwrap_or(StatusCode::BAD_REQUEST);
+    ApiError::new(status, rejection.code(), rejection.message())
+}
+
+/// Records a verified handshake and answers it in the provider's format.
+async fn handshake(
+    state: &IngestState,
+    request: RequestRecord,
+    metric_source: &str,
+    reply: ProviderReply,
+) -> Response {
+    metrics::counter!("hooklatch_requests_total",
+        "source" => metric_source.to_owned(), "verdict" => "handshake")
+    .increment(1);
+    if let Err(err) = state.store.record_handshake(request, reply.status).await {
+        tracing::warn!(%err, "could not record a handshake");
+    }
+    provider_response(reply)
+}
+
+fn provider_response(reply: ProviderReply) -> Response {
+    let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
+    (
+        status,
+        [(axum::http::header::CONTENT_TYPE, reply.content_type)],
+        reply.body,
+    )
+        .into_response()
 }
 
 async fn accept(
@@ -125,6 +203,7 @@ async fn accept(
     record: RequestRecord,
     events: Vec<hooklatch_core::ExtractedEvent>,
     started: Instant,
+    ack: Option<ProviderReply>,
 ) -> Response {
     let ingest = Ingest {
         source: source.name.clone(),
@@ -168,6 +247,11 @@ async fn accept(
     metrics::histogram!("hooklatch_ack_seconds", "verdict" => verdict.as_str())
         .record(started.elapsed().as_secs_f64());
     tracing::debug!(source = %source.name, request = %outcome.request_id, verdict = verdict.as_str(), "ingested");
+    if let Some(reply) = ack {
+        // The provider needs its own format (TwiML, a Discord interaction response), the same
+        // for new events, duplicates and conflicts.
+        return provider_response(reply);
+    }
 
     let events: Vec<_> = outcome
         .claims

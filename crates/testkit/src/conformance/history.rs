@@ -11,7 +11,7 @@ use hooklatch_core::{DeliveryId, RequestId, Store, Timestamp};
 
 use crate::conformance::fixture::{
     all_deliveries, all_requests, at, attempt, headers, idempotency_key, ingest, ingest_ok,
-    new_deliveries, rejection, DESTINATIONS, T0,
+    new_deliveries, rejection, request, DESTINATIONS, T0,
 };
 
 const SOURCE: &str = "stripe";
@@ -597,4 +597,34 @@ pub async fn stats_count_pending_dead_and_claims<S: Store>(store: S) {
     assert_eq!(store.stats().await.expect("stats"), stats(2, 1, 2));
     store.redrive(rows[1], at(5)).await.expect("redrive");
     assert_eq!(store.stats().await.expect("stats"), stats(3, 0, 2));
+}
+
+/// A verified handshake is kept in history with verdict `handshake` and its status, and
+/// touches no claim and no delivery.
+pub async fn handshakes_are_recorded_in_history_and_claim_nothing<S: Store>(store: S) {
+    let id = store
+        .record_handshake(
+            request("slack", b"{\"type\":\"url_verification\"}", T0),
+            200,
+        )
+        .await
+        .expect("record_handshake");
+    let listed = store
+        .list_requests(RequestFilter {
+            verdict: Some(Verdict::Handshake),
+            limit: 10,
+            ..RequestFilter::default()
+        })
+        .await
+        .expect("list_requests");
+    assert_eq!(listed.len(), 1);
+    assert_eq!((listed[0].id, listed[0].status), (id, 200));
+    assert_eq!(listed[0].reason, None);
+    let detail = store
+        .get_request(id)
+        .await
+        .expect("get_request")
+        .expect("kept");
+    assert!(detail.deliveries.is_empty());
+    assert_eq!(store.stats().await.expect("stats").claims, 0);
 }
