@@ -399,6 +399,18 @@ pub enum Redrive {
     NotDead(DeliveryState),
 }
 
+/// What a deliberate redelivery of a request did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redelivery {
+    /// New deliveries queued, due now, one per event and destination, each with its own id and
+    /// the event's original `Idempotency-Key`.
+    Queued(Vec<DeliveryId>),
+    /// No such request.
+    NotFound,
+    /// The request carries no verified event (it was rejected, or was a handshake).
+    NothingToRedeliver(Verdict),
+}
+
 /// Counts for metrics and readiness.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -473,6 +485,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// Moves a dead-lettered delivery back to pending, due at `now`, with a fresh attempt budget.
     async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError>;
+
+    /// Queues a deliberate redelivery of a request's events to `destinations`, bypassing the
+    /// claim on purpose: new deliveries, due at `now`, with the request's body and the events'
+    /// original `Idempotency-Key`s, so the application's guard still decides. Every call
+    /// queues anew; nothing is swallowed.
+    async fn redeliver(
+        &self,
+        request: RequestId,
+        destinations: Vec<String>,
+        now: Timestamp,
+    ) -> Result<Redelivery, StoreError> {
+        let _ = (request, destinations, now);
+        Err(StoreError::Unavailable(
+            "this store does not support redelivery".to_owned(),
+        ))
+    }
 
     /// Removes claims whose retention ended before `now`, and history received before
     /// `history_before` whose deliveries are all finished. Works in bounded batches.

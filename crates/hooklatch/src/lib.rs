@@ -107,6 +107,11 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         metrics: Arc::new(move || render.render()),
         ready: ready.clone(),
         enqueued: enqueued.clone(),
+        destinations: settings
+            .sources
+            .iter()
+            .map(|s| (s.name.to_string(), s.destinations.clone()))
+            .collect(),
     }));
 
     let destinations: HashMap<_, _> = settings

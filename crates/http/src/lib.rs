@@ -74,8 +74,10 @@ pub struct AdminState {
     pub metrics: MetricsRender,
     /// False while starting and once shutting down; `/readyz` reports it.
     pub ready: Arc<AtomicBool>,
-    /// Woken after a redrive queues a delivery.
+    /// Woken after a redrive or redelivery queues a delivery.
     pub enqueued: Arc<Notify>,
+    /// Each source's destinations, for redelivery.
+    pub destinations: HashMap<String, Vec<String>>,
 }
 
 /// The public router: `POST /in/{source}`.

@@ -27,7 +27,8 @@ use std::time::Duration;
 
 use hooklatch_core::store::{
     AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery, Purged,
-    Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
+    Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
+    StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use rusqlite::{Connection, OpenFlags};
@@ -269,6 +270,17 @@ impl Store for SqliteStore {
     async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
         self.writer
             .run(move |tx| outbox::redrive(tx, id, now))
+            .await
+    }
+
+    async fn redeliver(
+        &self,
+        request: RequestId,
+        destinations: Vec<String>,
+        now: Timestamp,
+    ) -> Result<Redelivery, StoreError> {
+        self.writer
+            .run(move |tx| outbox::redeliver(tx, request, &destinations, now))
             .await
     }
 

@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use hooklatch_core::store::{AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redrive};
+use hooklatch_core::store::{
+    AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive, Verdict,
+};
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -154,4 +156,59 @@ pub(crate) fn redrive(
         params![id.0, now.0],
     )?;
     Ok(Redrive::Queued)
+}
+
+pub(crate) fn redeliver(
+    conn: &Connection,
+    request: RequestId,
+    destinations: &[String],
+    now: Timestamp,
+) -> rusqlite::Result<Redelivery> {
+    let row: Option<(String, String, String)> = conn
+        .query_row(
+            "SELECT source, verdict, keys FROM requests WHERE id = ?1",
+            [request.0],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?;
+    let Some((source, verdict, keys)) = row else {
+        return Ok(Redelivery::NotFound);
+    };
+    let verdict = Verdict::parse(&verdict).unwrap_or(Verdict::Rejected);
+    let keys: Vec<String> = serde_json::from_str(&keys).unwrap_or_default();
+    if keys.is_empty() || matches!(verdict, Verdict::Rejected | Verdict::Handshake) {
+        return Ok(Redelivery::NothingToRedeliver(verdict));
+    }
+    let mut queued = Vec::with_capacity(keys.len() * destinations.len());
+    for key in &keys {
+        // The event type as the first delivery of this event recorded it.
+        let event_type: Option<String> = conn
+            .query_row(
+                "SELECT event_type FROM deliveries WHERE source = ?1 AND event_key = ?2
+                 ORDER BY id LIMIT 1",
+                params![source, key],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        let idempotency_key = format!("{source}:{key}");
+        for destination in destinations {
+            conn.execute(
+                "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+                    idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7, ?7)",
+                params![
+                    request.0,
+                    source,
+                    key,
+                    event_type,
+                    destination,
+                    idempotency_key,
+                    now.0
+                ],
+            )?;
+            queued.push(DeliveryId(conn.last_insert_rowid()));
+        }
+    }
+    Ok(Redelivery::Queued(queued))
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use hooklatch_core::store::{
     verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail, DeliveryFilter,
-    DeliveryState, Ingest, IngestOutcome, LeasedDelivery, Purged, Redrive, Rejected, RequestDetail,
-    RequestFilter, RequestRecord, RequestSummary, StoreStats, Verdict,
+    DeliveryState, Ingest, IngestOutcome, LeasedDelivery, Purged, Redelivery, Redrive, Rejected,
+    RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -384,6 +384,56 @@ impl State {
             .collect()
     }
 
+    fn redeliver(
+        &mut self,
+        request: RequestId,
+        destinations: &[String],
+        now: Timestamp,
+    ) -> Redelivery {
+        let Some(stored) = self.requests.get(&request.0) else {
+            return Redelivery::NotFound;
+        };
+        if stored.keys.is_empty()
+            || matches!(stored.verdict, Verdict::Rejected | Verdict::Handshake)
+        {
+            return Redelivery::NothingToRedeliver(stored.verdict);
+        }
+        let source = stored.record.source.clone();
+        let keys = stored.keys.clone();
+        let mut queued = Vec::new();
+        for key in keys {
+            // The event type as the first delivery of this event recorded it.
+            let event_type = self
+                .deliveries
+                .values()
+                .find(|d| d.source == source && d.event_key == key)
+                .and_then(|d| d.event_type.clone());
+            for destination in destinations {
+                self.last_delivery_id += 1;
+                self.deliveries.insert(
+                    self.last_delivery_id,
+                    StoredDelivery {
+                        request_id: request,
+                        source: source.clone(),
+                        event_key: key.clone(),
+                        event_type: event_type.clone(),
+                        destination: destination.clone(),
+                        idempotency_key: format!("{source}:{key}"),
+                        state: DeliveryState::Pending,
+                        attempts: 0,
+                        round_started_at: now,
+                        next_attempt_at: now,
+                        lease: None,
+                        last_error: None,
+                        history: Vec::new(),
+                    },
+                );
+                queued.push(DeliveryId(self.last_delivery_id));
+            }
+        }
+        Redelivery::Queued(queued)
+    }
+
     fn redrive(&mut self, id: DeliveryId, now: Timestamp) -> Redrive {
         let Some(delivery) = self.deliveries.get_mut(&id.0) else {
             return Redrive::NotFound;
@@ -512,6 +562,15 @@ impl Store for MemoryStore {
         filter: DeliveryFilter,
     ) -> Result<Vec<DeliveryDetail>, StoreError> {
         Ok(self.state().list_deliveries(&filter))
+    }
+
+    async fn redeliver(
+        &self,
+        request: RequestId,
+        destinations: Vec<String>,
+        now: Timestamp,
+    ) -> Result<Redelivery, StoreError> {
+        Ok(self.state().redeliver(request, &destinations, now))
     }
 
     async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {

@@ -21,6 +21,7 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
     let protected = Router::new()
         .route("/v1/requests", get(requests::list))
         .route("/v1/requests/{id}", get(requests::show))
+        .route("/v1/requests/{id}/redeliver", post(requests::redeliver))
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
         .route("/v1/openapi.json", get(openapi))

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
-use hooklatch_core::store::{DeliveryDetail, RequestFilter, RequestSummary, Verdict};
+use hooklatch_core::store::{DeliveryDetail, Redelivery, RequestFilter, RequestSummary, Verdict};
 use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -110,6 +111,80 @@ pub(crate) async fn show(
             .collect::<Vec<_>>()),
     );
     Ok(Json(res))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RedeliverBody {
+    /// Only this destination (default: every destination of the request's source).
+    destination: Option<String>,
+}
+
+/// Deliberately delivers a request's events again, bypassing dedup: new deliveries with
+/// their own ids and the events' original `Idempotency-Key`s, so the handler's guard decides.
+pub(crate) async fn redeliver(
+    State(state): State<Arc<AdminState>>,
+    Path(id): Path<String>,
+    body: Option<Json<RedeliverBody>>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let id = RequestId::parse(&id).ok_or_else(|| ApiError::not_found("no such request"))?;
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let request = state
+        .store
+        .get_request(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("no such request"))?;
+    let configured = state
+        .destinations
+        .get(&request.summary.source)
+        .cloned()
+        .unwrap_or_default();
+    let destinations = match body.destination {
+        Some(d) if configured.contains(&d) => vec![d],
+        Some(d) => {
+            return Err(ApiError::bad_parameter(format!(
+                "source {:?} has no destination {d:?}",
+                request.summary.source
+            )))
+        }
+        None => configured,
+    };
+    if destinations.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "no_destination",
+            format!(
+                "source {:?} has no configured destination",
+                request.summary.source
+            ),
+        ));
+    }
+    match state
+        .store
+        .redeliver(id, destinations, Timestamp::now())
+        .await?
+    {
+        Redelivery::Queued(ids) => {
+            state.enqueued.notify_one();
+            tracing::info!(request = %id, n = ids.len(), "redelivery queued");
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({
+                    "request_id": id.to_string(),
+                    "deliveries": ids.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+                })),
+            ))
+        }
+        Redelivery::NotFound => Err(ApiError::not_found("no such request")),
+        Redelivery::NothingToRedeliver(verdict) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "nothing_to_redeliver",
+            format!(
+                "the request's verdict is {}: it carries no verified event",
+                verdict.as_str()
+            ),
+        )),
+    }
 }
 
 pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {

@@ -48,8 +48,10 @@ pub use history::{
     rejections_are_recorded_in_history_and_claim_nothing, stats_count_pending_dead_and_claims,
 };
 pub use outbox::{
-    a_dead_lettered_delivery_keeps_its_last_error, a_delivered_attempt_finishes_the_delivery,
-    a_failed_attempt_is_retried_no_sooner_than_asked, a_late_worker_never_undoes_a_newer_outcome,
+    a_dead_lettered_delivery_keeps_its_last_error,
+    a_deliberate_redelivery_queues_anew_with_the_original_key,
+    a_delivered_attempt_finishes_the_delivery, a_failed_attempt_is_retried_no_sooner_than_asked,
+    a_late_worker_never_undoes_a_newer_outcome,
     a_leased_delivery_is_not_leased_again_until_its_lease_expires,
     deliveries_not_yet_due_are_not_leased,
     lease_due_returns_due_deliveries_with_the_request_byte_exact,
@@ -94,6 +96,7 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         a_late_worker_never_undoes_a_newer_outcome,
         redriving_a_dead_delivery_queues_it_again_with_the_same_key,
         redriving_what_is_not_dead_changes_nothing,
+        a_deliberate_redelivery_queues_anew_with_the_original_key,
         list_requests_filters_and_pages_newest_first,
         get_request_returns_the_request_byte_exact_with_its_deliveries,
         list_deliveries_filters_and_pages_newest_first,

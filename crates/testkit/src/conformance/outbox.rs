@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt};
-use hooklatch_core::store::{DeliveryState, LeasedDelivery, Redrive};
+use hooklatch_core::store::{DeliveryState, LeasedDelivery, Redelivery, Redrive};
 use hooklatch_core::{DeliveryId, Store, Timestamp};
 
 use crate::conformance::fixture::{
@@ -405,4 +405,65 @@ pub async fn a_late_worker_never_undoes_a_newer_outcome<S: Store>(store: S) {
         .await
         .iter()
         .all(|d| d.id != rows[0]));
+}
+
+/// A deliberate redelivery queues new deliveries, each with its own id and the event's
+/// original `Idempotency-Key` and body; a second one queues again (never swallowed); a
+/// request without a verified event has nothing to redeliver.
+pub async fn a_deliberate_redelivery_queues_anew_with_the_original_key<S: Store>(store: S) {
+    let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    let original = new_deliveries(&outcome);
+    for id in lease(&store, "worker-a", T0, 10).await.iter().map(|d| d.id) {
+        delivered(&store, id, at(1)).await;
+    }
+    let dest = vec![DESTINATIONS[0].to_owned()];
+    let mut seen = BTreeSet::new();
+    for round in 0..2 {
+        let Redelivery::Queued(queued) = store
+            .redeliver(outcome.request_id, dest.clone(), at(10 + round))
+            .await
+            .expect("redeliver")
+        else {
+            panic!("redelivery of an accepted request must queue");
+        };
+        assert_eq!(queued.len(), 1, "one event, one destination");
+        assert!(
+            !original.contains(&queued[0]),
+            "a redelivery has its own id"
+        );
+        assert!(seen.insert(queued[0]), "a second redelivery is new too");
+        let leased = lease(&store, "worker-a", at(10 + round), 10).await;
+        assert_eq!(ids(&leased), BTreeSet::from([queued[0]]));
+        assert_eq!(
+            leased[0].idempotency_key.as_str(),
+            idempotency_key(SOURCE, "evt_1")
+        );
+        assert_eq!(&leased[0].body[..], BODY);
+        assert_eq!(leased[0].destination, DESTINATIONS[0]);
+        delivered(&store, queued[0], at(10 + round)).await;
+    }
+    let rejected = store
+        .record_rejection(crate::conformance::fixture::rejection(
+            SOURCE,
+            BODY,
+            at(20),
+            "invalid_signature",
+            401,
+        ))
+        .await
+        .expect("record_rejection");
+    assert_eq!(
+        store
+            .redeliver(rejected, dest.clone(), at(21))
+            .await
+            .expect("redeliver"),
+        Redelivery::NothingToRedeliver(hooklatch_core::store::Verdict::Rejected)
+    );
+    assert_eq!(
+        store
+            .redeliver(hooklatch_core::RequestId(9_999), dest, at(21))
+            .await
+            .expect("redeliver"),
+        Redelivery::NotFound
+    );
 }
