@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD;
+use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use base64::Engine;
 use http::HeaderMap;
 
@@ -25,15 +25,19 @@ pub struct StandardWebhooks;
 
 /// The key bytes of a Standard Webhooks secret.
 ///
-/// `whsec_<base64>` decodes the part after the prefix (`None` if it is not valid standard
-/// base64, so such a secret never matches); a bare secret that is valid standard base64 is
-/// decoded too; anything else is used as raw bytes.
+/// `whsec_<base64>` decodes the part after the prefix, padded or not (standardwebhooks'
+/// Python library pads before decoding, so a secret issued without its `=` works there);
+/// `None` if it is not standard base64, so such a secret never matches. A bare secret that
+/// is valid (padded) standard base64 is decoded too; anything else is used as raw bytes.
 pub fn decode_secret(secret: &Secret) -> Option<Vec<u8>> {
     let Some(text) = secret.expose_text() else {
         return Some(secret.expose().to_vec());
     };
     match text.strip_prefix("whsec_") {
-        Some(encoded) => STANDARD.decode(encoded).ok(),
+        Some(encoded) => STANDARD
+            .decode(encoded)
+            .or_else(|_| STANDARD_NO_PAD.decode(encoded))
+            .ok(),
         None => Some(
             STANDARD
                 .decode(text)
@@ -438,6 +442,30 @@ mod tests {
         check_secret(b"aGVsbG8=", Some(b"hello"));
         check_secret(b"plain secret", Some(b"plain secret"));
         check_secret(&[0xff, 0xfe], Some(&[0xff, 0xfe]));
+    }
+
+    /// standardwebhooks' Python library (`base64.b64decode(secret + "==")`) accepts a
+    /// `whsec_` secret written without base64 padding; so must the gateway, or every delivery
+    /// signed with such a secret is refused (found by interop/check.py).
+    #[test]
+    fn a_whsec_secret_without_padding_decodes_and_verifies() {
+        // 32 key bytes: 44 base64 characters with one `=`, 43 without.
+        let key = [7u8; 32];
+        let padded = format!("whsec_{}", STANDARD.encode(key));
+        let unpadded = padded.trim_end_matches('=').to_owned();
+        assert_ne!(padded, unpadded);
+        check_secret(unpadded.as_bytes(), Some(&key));
+        check_secret(b"whsec_aGVsbG8", Some(b"hello"));
+        // Signed with the key bytes (as the Python library does), verified under either spelling.
+        let pairs = vec![
+            ("webhook-id", MSG_ID.to_owned()),
+            ("webhook-timestamp", NOW.to_string()),
+            ("webhook-signature", sign_v1(&key, MSG_ID, NOW, BODY)),
+        ];
+        check(&pairs, BODY, &[&unpadded], Ok(()));
+        check(&pairs, BODY, &[&padded], Ok(()));
+        // A bare secret keeps its meaning: only padded base64 is decoded, the rest is raw.
+        check_secret(b"aGVsbG8", Some(b"aGVsbG8"));
     }
 
     #[test]
