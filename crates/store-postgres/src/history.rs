@@ -1,0 +1,287 @@
+//! History queries (requests, deliveries, attempts), counts, and the purge.
+//!
+//! Reads run as single statements on pooled connections, beside the writers. The purge works
+//! in bounded batches, each its own short transaction, and skips rows another transaction has
+//! locked, so it never holds locks long and never waits on an ingest.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use hooklatch_core::store::{
+    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, RequestDetail, RequestFilter,
+    RequestSummary, StoreStats, Verdict,
+};
+use hooklatch_core::{DeliveryId, RequestId, Timestamp};
+use sqlx::postgres::PgRow;
+use sqlx::{Acquire, PgConnection, PgPool, Postgres, QueryBuilder, Row};
+
+use crate::headers;
+use crate::outbox::count;
+
+/// Rows removed per purge transaction.
+pub(crate) const PURGE_BATCH: u64 = 1000;
+
+const SUMMARY_COLUMNS: &str =
+    "id, received_at, source, verdict, reason, status, keys, octet_length(body)";
+
+fn summary(r: &PgRow) -> Result<RequestSummary, sqlx::Error> {
+    Ok(RequestSummary {
+        id: RequestId(r.try_get(0)?),
+        received_at: Timestamp(r.try_get(1)?),
+        source: r.try_get(2)?,
+        verdict: Verdict::parse(r.try_get::<&str, _>(3)?).unwrap_or(Verdict::Rejected),
+        reason: r.try_get(4)?,
+        status: u16::try_from(r.try_get::<i32, _>(5)?).unwrap_or(0),
+        keys: r.try_get(6)?,
+        body_len: u64::try_from(r.try_get::<i32, _>(7)?).unwrap_or(0),
+    })
+}
+
+pub(crate) async fn list_requests(
+    pool: &PgPool,
+    filter: &RequestFilter,
+) -> Result<Vec<RequestSummary>, sqlx::Error> {
+    let mut sql =
+        QueryBuilder::<Postgres>::new(format!("SELECT {SUMMARY_COLUMNS} FROM requests WHERE true"));
+    if let Some(source) = &filter.source {
+        sql.push(" AND source = ").push_bind(source);
+    }
+    if let Some(verdict) = filter.verdict {
+        sql.push(" AND verdict = ").push_bind(verdict.as_str());
+    }
+    if let Some(key) = &filter.key {
+        sql.push(" AND id IN (SELECT request_id FROM request_keys WHERE key = ")
+            .push_bind(key)
+            .push(")");
+    }
+    if let Some(since) = filter.since {
+        sql.push(" AND received_at >= ").push_bind(since.0);
+    }
+    if let Some(until) = filter.until {
+        sql.push(" AND received_at < ").push_bind(until.0);
+    }
+    if let Some(before) = filter.before {
+        sql.push(" AND id < ").push_bind(before.0);
+    }
+    sql.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(i64::from(filter.limit));
+    let rows = sql.build().fetch_all(pool).await?;
+    rows.iter().map(summary).collect()
+}
+
+pub(crate) async fn get_request(
+    pool: &PgPool,
+    id: RequestId,
+) -> Result<Option<RequestDetail>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "SELECT {SUMMARY_COLUMNS}, method, path, peer, headers, body, body_truncated
+         FROM requests WHERE id = $1"
+    ))
+    .bind(id.0)
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let deliveries = sqlx::query(&format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE request_id = $1 ORDER BY id"
+    ))
+    .bind(id.0)
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(delivery)
+    .collect::<Result<Vec<_>, _>>()?;
+    Ok(Some(RequestDetail {
+        summary: summary(&row)?,
+        method: row.try_get(8)?,
+        path: row.try_get(9)?,
+        peer: row.try_get(10)?,
+        headers: headers::decode(row.try_get::<&[u8], _>(11)?),
+        body: Bytes::from(row.try_get::<Vec<u8>, _>(12)?),
+        body_truncated: row.try_get(13)?,
+        deliveries: with_attempts(pool, deliveries).await?,
+    }))
+}
+
+const DELIVERY_COLUMNS: &str = "id, request_id, destination, idempotency_key, state, attempts,
+    next_attempt_at, last_error";
+
+fn delivery(r: &PgRow) -> Result<DeliveryDetail, sqlx::Error> {
+    let state = DeliveryState::parse(r.try_get::<&str, _>(4)?).unwrap_or(DeliveryState::Pending);
+    Ok(DeliveryDetail {
+        id: DeliveryId(r.try_get(0)?),
+        request_id: RequestId(r.try_get(1)?),
+        destination: r.try_get(2)?,
+        idempotency_key: r.try_get(3)?,
+        state,
+        attempts: count(r.try_get(5)?),
+        next_attempt_at: (state == DeliveryState::Pending)
+            .then(|| r.try_get(6).map(Timestamp))
+            .transpose()?,
+        last_error: r.try_get(7)?,
+        history: Vec::new(),
+    })
+}
+
+/// Fills in every delivery's attempts, in one query.
+async fn with_attempts(
+    pool: &PgPool,
+    mut deliveries: Vec<DeliveryDetail>,
+) -> Result<Vec<DeliveryDetail>, sqlx::Error> {
+    if deliveries.is_empty() {
+        return Ok(deliveries);
+    }
+    let ids: Vec<i64> = deliveries.iter().map(|d| d.id.0).collect();
+    let rows = sqlx::query(
+        "SELECT delivery_id, number, started_at, status, latency_ms, error FROM attempts
+         WHERE delivery_id = ANY($1) ORDER BY delivery_id, number",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?;
+    let mut by_delivery: HashMap<i64, Vec<AttemptRecord>> = HashMap::new();
+    for r in &rows {
+        by_delivery
+            .entry(r.try_get(0)?)
+            .or_default()
+            .push(AttemptRecord {
+                number: count(r.try_get(1)?),
+                started_at: Timestamp(r.try_get(2)?),
+                status: r
+                    .try_get::<Option<i32>, _>(3)?
+                    .and_then(|s| u16::try_from(s).ok()),
+                latency_ms: u64::try_from(r.try_get::<i64, _>(4)?).unwrap_or(0),
+                error: r.try_get(5)?,
+            });
+    }
+    for delivery in &mut deliveries {
+        delivery.history = by_delivery.remove(&delivery.id.0).unwrap_or_default();
+    }
+    Ok(deliveries)
+}
+
+pub(crate) async fn list_deliveries(
+    pool: &PgPool,
+    filter: &DeliveryFilter,
+) -> Result<Vec<DeliveryDetail>, sqlx::Error> {
+    let mut sql = QueryBuilder::<Postgres>::new(format!(
+        "SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE true"
+    ));
+    if let Some(state) = filter.state {
+        sql.push(" AND state = ").push_bind(state.as_str());
+    }
+    if let Some(destination) = &filter.destination {
+        sql.push(" AND destination = ").push_bind(destination);
+    }
+    if let Some(before) = filter.before {
+        sql.push(" AND id < ").push_bind(before.0);
+    }
+    sql.push(" ORDER BY id DESC LIMIT ")
+        .push_bind(i64::from(filter.limit));
+    let deliveries = sql
+        .build()
+        .fetch_all(pool)
+        .await?
+        .iter()
+        .map(delivery)
+        .collect::<Result<Vec<_>, _>>()?;
+    with_attempts(pool, deliveries).await
+}
+
+/// Removes up to `limit` claims expired at or before `now`, in one statement (its own
+/// transaction). Claims locked by an ingest replacing them are skipped, not waited for.
+pub(crate) async fn purge_claims(
+    pool: &PgPool,
+    now: Timestamp,
+    limit: u64,
+) -> Result<u64, sqlx::Error> {
+    let res = sqlx::query(
+        "WITH expired AS (
+            SELECT source, key FROM claims WHERE expires_at <= $1
+            LIMIT $2 FOR UPDATE SKIP LOCKED)
+         DELETE FROM claims c USING expired e WHERE c.source = e.source AND c.key = e.key",
+    )
+    .bind(now.0)
+    .bind(limit as i64)
+    .execute(pool)
+    .await?;
+    Ok(res.rows_affected())
+}
+
+/// Removes up to `limit` requests received before `before` with no pending delivery and no
+/// claim pointing at them, with their deliveries, attempts and keys, in one short
+/// transaction. Returns how many requests were examined (locked) and how many removed.
+///
+/// Two statements: the first picks and locks candidates (skipping rows locked elsewhere); the
+/// second re-checks them with a fresh snapshot before deleting. A redrive or redelivery of one
+/// of their deliveries share-locks the request, so it either committed before that snapshot
+/// (and the re-check keeps the request) or waits for this transaction (and then finds the
+/// request gone).
+pub(crate) async fn purge_requests(
+    conn: &mut PgConnection,
+    before: Timestamp,
+    limit: u64,
+) -> Result<(u64, u64), sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let ids: Vec<i64> = sqlx::query(
+        "SELECT r.id FROM requests r
+         WHERE r.received_at < $1
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
+           AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)
+         ORDER BY r.id LIMIT $2
+         FOR UPDATE OF r SKIP LOCKED",
+    )
+    .bind(before.0)
+    .bind(limit as i64)
+    .fetch_all(&mut *tx)
+    .await?
+    .iter()
+    .map(|r| r.try_get(0))
+    .collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        tx.commit().await?;
+        return Ok((0, 0));
+    }
+    let removed: i64 = sqlx::query(
+        "WITH victims AS (
+            SELECT r.id FROM requests r
+            WHERE r.id = ANY($1)
+              AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
+              AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)),
+         gone_attempts AS (
+            DELETE FROM attempts a USING deliveries d, victims v
+            WHERE a.delivery_id = d.id AND d.request_id = v.id),
+         gone_deliveries AS (
+            DELETE FROM deliveries d USING victims v WHERE d.request_id = v.id),
+         gone_keys AS (
+            DELETE FROM request_keys k USING victims v WHERE k.request_id = v.id),
+         gone AS (
+            DELETE FROM requests r USING victims v WHERE r.id = v.id RETURNING 1)
+         SELECT count(*) FROM gone",
+    )
+    .bind(&ids)
+    .fetch_one(&mut *tx)
+    .await?
+    .try_get(0)?;
+    tx.commit().await?;
+    Ok((ids.len() as u64, removed as u64))
+}
+
+pub(crate) async fn stats(pool: &PgPool) -> Result<StoreStats, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT (SELECT count(*) FROM deliveries WHERE state = 'pending'),
+                (SELECT count(*) FROM deliveries WHERE state = 'dead'),
+                (SELECT count(*) FROM claims)",
+    )
+    .fetch_one(pool)
+    .await?;
+    let n = |i: usize| -> Result<u64, sqlx::Error> {
+        Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0))
+    };
+    Ok(StoreStats {
+        pending: n(0)?,
+        dead: n(1)?,
+        claims: n(2)?,
+    })
+}

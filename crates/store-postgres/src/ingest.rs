@@ -1,0 +1,314 @@
+//! The ingest job: record the request, claim each key, queue new events. Runs inside a
+//! writer's group-commit transaction ([`crate::writer`]), in its own savepoint.
+//!
+//! A claim is `INSERT … ON CONFLICT (source, key) DO NOTHING` on the claims table's primary
+//! key. When another transaction (another batch of this instance, or another instance) holds
+//! an uncommitted insert of the same key, PostgreSQL makes this insert wait on the unique
+//! index until that transaction ends: after a commit the insert does nothing and the key reads
+//! as a duplicate (or conflict), after a rollback it inserts and the claim is ours. The wait
+//! is bounded by `lock_timeout` (the store's wait limit).
+//!
+//! `DO NOTHING` rather than `DO UPDATE … WHERE expired`: an `ON CONFLICT DO UPDATE` locks the
+//! existing row even when its `WHERE` is false, so every duplicate would hold the claim's row
+//! lock until its batch commits and duplicates of one event would queue behind each other. An
+//! expired claim is rare; it is replaced by an `UPDATE … WHERE expires_at <= now`, which
+//! re-checks the row under its lock, so two copies racing to replace one expired claim make
+//! one claim.
+
+use std::borrow::Cow;
+
+use hooklatch_core::store::{
+    Claim, Ingest, IngestOutcome, NewEvent, Rejected, RequestRecord, Verdict,
+};
+use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
+use sqlx::{PgConnection, Row};
+
+use crate::headers;
+
+/// How often a claim is tried again when its row changed between two statements (purged, or
+/// replaced by a concurrent copy). Each retry needs another transaction to commit in between,
+/// so this is never reached in practice.
+const CLAIM_TRIES: usize = 4;
+
+/// Text as PostgreSQL can store it: a `TEXT` value cannot hold NUL, which Rust strings (a
+/// percent-decoded source segment of a refused request, an event type from a JSON body) can.
+/// Replaced by U+FFFD rather than failing the write: that would answer 503 to a request the
+/// gateway has already judged, and the provider would retry it for days.
+pub(crate) fn text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{fffd}"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+/// The smallest `(source, key)` the ingest claims, the order jobs run in within a batch (jobs
+/// without keys, `None`, go first).
+pub(crate) fn lock_order(ingest: &Ingest) -> Option<(&str, &str)> {
+    ingest
+        .events
+        .iter()
+        .map(|e| (ingest.source.as_str(), e.key.as_str()))
+        .min()
+}
+
+pub(crate) async fn ingest(
+    conn: &mut PgConnection,
+    ingest: &Ingest,
+) -> Result<IngestOutcome, sqlx::Error> {
+    let keys: Vec<String> = ingest
+        .events
+        .iter()
+        .map(|e| e.key.as_str().to_owned())
+        .collect();
+    let request_id =
+        insert_request(conn, &ingest.request, Verdict::Accepted, None, 200, &keys).await?;
+    // Keys are claimed in key order, the same order in every batch and on every instance, so
+    // two transactions claiming overlapping keys wait for each other instead of deadlocking.
+    // Deliveries are then queued, and answers given, in event order (as SQLite does).
+    let mut order: Vec<usize> = (0..ingest.events.len()).collect();
+    order.sort_by_key(|&i| ingest.events[i].key.as_str());
+    let mut claimed: Vec<Option<Claimed>> = vec![None; ingest.events.len()];
+    for i in order {
+        claimed[i] = Some(claim(conn, ingest, &ingest.events[i], request_id).await?);
+    }
+    let mut claims = Vec::with_capacity(ingest.events.len());
+    for (event, claimed) in ingest.events.iter().zip(claimed) {
+        let claim = match claimed.expect("every event was claimed") {
+            Claimed::Ours => queue(conn, ingest, event, request_id).await?,
+            Claimed::Earlier(claim) => claim,
+        };
+        claims.push((event.key.clone(), claim));
+    }
+    let outcome = IngestOutcome { request_id, claims };
+    let verdict = outcome.verdict();
+    if verdict != Verdict::Accepted {
+        sqlx::query("UPDATE requests SET verdict = $1 WHERE id = $2")
+            .bind(verdict.as_str())
+            .bind(request_id.0)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(outcome)
+}
+
+/// What claiming one key found.
+#[derive(Clone)]
+enum Claimed {
+    /// The claim is ours now; its deliveries are still to queue.
+    Ours,
+    /// Another request holds it: a duplicate or a conflict.
+    Earlier(Claim),
+}
+
+/// Claims one event's key for `request_id`.
+async fn claim(
+    conn: &mut PgConnection,
+    ingest: &Ingest,
+    event: &NewEvent,
+    request_id: RequestId,
+) -> Result<Claimed, sqlx::Error> {
+    let source = ingest.source.as_str();
+    let key = event.key.as_str();
+    let now = ingest.request.received_at;
+    let expires_at = now.plus(ingest.retention);
+    for _ in 0..CLAIM_TRIES {
+        let inserted = sqlx::query(
+            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (source, key) DO NOTHING",
+        )
+        .bind(source)
+        .bind(key)
+        .bind(&ingest.body_sha256[..])
+        .bind(request_id.0)
+        .bind(now.0)
+        .bind(expires_at.0)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if inserted == 1 {
+            return Ok(Claimed::Ours);
+        }
+        // A new statement, so a new snapshot: it sees the claim the insert conflicted with,
+        // even one committed while the insert waited for it.
+        let held = sqlx::query(
+            "SELECT body_sha256, request_id, claimed_at, expires_at FROM claims
+             WHERE source = $1 AND key = $2",
+        )
+        .bind(source)
+        .bind(key)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some(held) = held else {
+            continue; // purged in between: insert again
+        };
+        let expires: i64 = held.try_get(3)?;
+        if expires > now.0 {
+            let sha: Vec<u8> = held.try_get(0)?;
+            let first_request = RequestId(held.try_get(1)?);
+            let earlier = if sha.as_slice() == ingest.body_sha256.as_slice() {
+                Claim::Duplicate {
+                    first_request,
+                    first_seen: Timestamp(held.try_get(2)?),
+                }
+            } else {
+                let mut first_body_sha256 = [0u8; 32];
+                if sha.len() == 32 {
+                    first_body_sha256.copy_from_slice(&sha);
+                }
+                Claim::Conflict {
+                    first_request,
+                    first_body_sha256,
+                }
+            };
+            return Ok(Claimed::Earlier(earlier));
+        }
+        // Expired: replace it, unless a concurrent copy already did (then look again).
+        let replaced = sqlx::query(
+            "UPDATE claims SET body_sha256 = $3, request_id = $4, claimed_at = $5, expires_at = $6
+             WHERE source = $1 AND key = $2 AND expires_at <= $5",
+        )
+        .bind(source)
+        .bind(key)
+        .bind(&ingest.body_sha256[..])
+        .bind(request_id.0)
+        .bind(now.0)
+        .bind(expires_at.0)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        if replaced == 1 {
+            return Ok(Claimed::Ours);
+        }
+    }
+    // Not a protocol or connection error: the batch's other jobs go on.
+    Err(sqlx::Error::Decode(
+        format!("the claim row kept changing while claiming it ({CLAIM_TRIES} tries)").into(),
+    ))
+}
+
+/// Queues one pending delivery per destination for a newly claimed event.
+async fn queue(
+    conn: &mut PgConnection,
+    ingest: &Ingest,
+    event: &NewEvent,
+    request_id: RequestId,
+) -> Result<Claim, sqlx::Error> {
+    let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
+    let deliveries = insert_deliveries(
+        conn,
+        request_id,
+        ingest.source.as_str(),
+        event.key.as_str(),
+        event.event_type.as_deref(),
+        idempotency_key.as_str(),
+        &ingest.destinations,
+        ingest.request.received_at,
+    )
+    .await?;
+    Ok(Claim::New { deliveries })
+}
+
+/// Inserts one pending delivery per destination, due at `now`, and returns their ids in
+/// destination order.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn insert_deliveries(
+    conn: &mut PgConnection,
+    request_id: RequestId,
+    source: &str,
+    event_key: &str,
+    event_type: Option<&str>,
+    idempotency_key: &str,
+    destinations: &[String],
+    now: Timestamp,
+) -> Result<Vec<DeliveryId>, sqlx::Error> {
+    if destinations.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(
+        "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+            idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
+         SELECT $1, $2, $3, $4, d.destination, $5, 'pending', $6, $6, $6, $6
+         FROM unnest($7::text[]) WITH ORDINALITY AS d (destination, n)
+         ORDER BY d.n
+         RETURNING id",
+    )
+    .bind(request_id.0)
+    .bind(source)
+    .bind(event_key)
+    .bind(event_type.map(text))
+    .bind(idempotency_key)
+    .bind(now.0)
+    .bind(destinations)
+    .fetch_all(&mut *conn)
+    .await?;
+    // Identity values follow insertion order, which is destination order.
+    let mut ids = rows
+        .iter()
+        .map(|r| r.try_get(0).map(DeliveryId))
+        .collect::<Result<Vec<_>, _>>()?;
+    ids.sort();
+    Ok(ids)
+}
+
+pub(crate) async fn record_rejection(
+    conn: &mut PgConnection,
+    rejected: &Rejected,
+) -> Result<RequestId, sqlx::Error> {
+    insert_request(
+        conn,
+        &rejected.request,
+        Verdict::Rejected,
+        Some(&rejected.code),
+        rejected.status,
+        &[],
+    )
+    .await
+}
+
+pub(crate) async fn record_handshake(
+    conn: &mut PgConnection,
+    request: &RequestRecord,
+    status: u16,
+) -> Result<RequestId, sqlx::Error> {
+    insert_request(conn, request, Verdict::Handshake, None, status, &[]).await
+}
+
+/// Inserts the request into history, and its keys into `request_keys`, in one statement.
+async fn insert_request(
+    conn: &mut PgConnection,
+    request: &RequestRecord,
+    verdict: Verdict,
+    reason: Option<&str>,
+    status: u16,
+    keys: &[String],
+) -> Result<RequestId, sqlx::Error> {
+    let row = sqlx::query(
+        "WITH r AS (
+            INSERT INTO requests (received_at, source, method, path, peer, headers, body,
+                body_truncated, verdict, reason, status, keys)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+            RETURNING id),
+         k AS (
+            INSERT INTO request_keys (key, request_id)
+            SELECT DISTINCT u.key, r.id FROM r, unnest($12::text[]) AS u (key)
+            ON CONFLICT DO NOTHING)
+         SELECT id FROM r",
+    )
+    .bind(request.received_at.0)
+    .bind(text(&request.source))
+    .bind(text(&request.method))
+    .bind(text(&request.path))
+    .bind(request.peer.as_deref().map(text))
+    .bind(headers::encode(&request.headers))
+    .bind(&request.body[..])
+    .bind(request.body_truncated)
+    .bind(verdict.as_str())
+    .bind(reason.map(text))
+    .bind(i32::from(status))
+    .bind(keys)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(RequestId(row.try_get(0)?))
+}

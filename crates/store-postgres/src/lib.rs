@@ -1,0 +1,383 @@
+//! hooklatch-store-postgres: the shared backend, for several stateless gateway instances on
+//! one PostgreSQL.
+//!
+//! The database is the only arbiter: claims, history and the outbox live there and nowhere
+//! else, so any number of instances can answer for the same sources. Two copies of an event
+//! meet at the claims table's primary key `(source, key)`, whichever instances they reach: the
+//! second waits on the unique index for the first one's transaction, then answers as a
+//! duplicate after its commit or claims the key after its rollback. The wait is bounded by
+//! [`PgOptions::lock_timeout`]; past it the ingest fails with [`StoreError::Unavailable`]
+//! (503, the provider retries), never with a success.
+//!
+//! Durability: [`PostgresStore::connect`] refuses `fsync`, `full_page_writes` or
+//! `synchronous_commit` set to `off` on its own connections unless explicitly allowed (the
+//! `durability` module explains the choice), and a commit returns only once PostgreSQL has
+//! flushed it. Throughput: ingests go through group commit (the `writer` module): a few writer
+//! tasks each commit whatever jobs are waiting in one transaction, one savepoint per job, and
+//! answer only after `COMMIT` returns. That also makes ingest cancellation-safe: the
+//! transaction runs in a writer task, never in the caller's future.
+//!
+//! Workers on every instance share the outbox through leases taken with
+//! `FOR UPDATE SKIP LOCKED` (the `outbox` module); [`PostgresStore::listen_for_work`] wakes
+//! idle workers on `NOTIFY` instead of polling.
+//!
+//! Layout: `options` parses the URL; [`schema`] holds the embedded migrations, run at
+//! connect under an advisory lock; `durability` is the start-up check; `writer` is group
+//! commit; `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`]; `listen`
+//! is the `LISTEN` task; `headers` the byte-exact header encoding.
+#![forbid(unsafe_code)]
+
+mod durability;
+mod headers;
+mod history;
+mod ingest;
+mod listen;
+mod options;
+mod outbox;
+pub mod schema;
+mod writer;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hooklatch_core::store::{
+    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery, Purged,
+    Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
+    StoreStats,
+};
+use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Executor, PgConnection, PgPool, Row};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+pub use crate::options::PgOptions;
+use crate::writer::{Done, Work, Writer, WriterSettings};
+
+/// How long [`PostgresStore::connect`] waits for a server that refuses connections (still
+/// starting) before giving up.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The channel `NOTIFY`ed when deliveries become due now.
+pub const WORK_CHANNEL: &str = "hooklatch_work";
+
+/// The PostgreSQL store. Cheap to clone; its background tasks stop when the last clone drops.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    writer: Writer,
+    /// For the listener's own connection.
+    connect: PgConnectOptions,
+    /// Unsafe durability settings found at connect (only when they were allowed).
+    unsafe_durability: Vec<String>,
+    /// Never sent on: dropping it (with the last clone of the store) stops the listeners.
+    shutdown: watch::Sender<()>,
+}
+
+impl PostgresStore {
+    /// Connects, checks the durability settings on the store's own connection (refusing
+    /// unsafe ones unless [`PgOptions::allow_unsafe_durability`]), runs the migrations under
+    /// an advisory lock (safe when several instances start at once), and starts the writer
+    /// tasks on the current tokio runtime.
+    ///
+    /// Every later connection of the pool is checked again as it is opened (a setting changed
+    /// on the role or database while the gateway runs) and refused the same way: the calls
+    /// that needed it fail as unavailable, and the pool logs the setting at `error` level.
+    pub async fn connect(opts: &PgOptions) -> Result<PostgresStore, StoreError> {
+        let connect = opts.connect_options().map_err(StoreError::Unavailable)?;
+        // The first connection on its own, so a refusal comes back as itself (the pool would
+        // retry a refused connection until its acquire timeout). A one-connection pool rather
+        // than a bare connection: it waits, with backoff, for a server that is still starting.
+        let first_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(STARTUP_TIMEOUT)
+            .connect_lazy_with(connect.clone());
+        let mut first = first_pool.acquire().await.map_err(map_err)?;
+        let found = durability::check(&mut first).await.map_err(map_err)?;
+        if found.is_empty() {
+            metrics::gauge!("hooklatch_unsafe_durability").set(0.0);
+        } else if opts.allow_unsafe_durability {
+            metrics::gauge!("hooklatch_unsafe_durability").set(1.0);
+            tracing::warn!(
+                settings = %found.join(", "),
+                "postgres: UNSAFE durability settings, allowed explicitly: events acknowledged \
+                 just before a crash can be lost"
+            );
+        } else {
+            return Err(StoreError::Unavailable(durability::refusal(&found)));
+        }
+        schema::migrate(&mut first).await.map_err(map_migrate_err)?;
+        drop(first);
+        first_pool.close().await;
+
+        let allow_unsafe = opts.allow_unsafe_durability;
+        let pool = PgPoolOptions::new()
+            .max_connections(opts.pool_size.max(2))
+            .acquire_timeout(opts.lock_timeout + Duration::from_secs(5))
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if allow_unsafe {
+                        return Ok(());
+                    }
+                    // A setting changed on the role or database since start-up: refuse the
+                    // connection (the pool logs the reason and keeps trying).
+                    let found = durability::check(conn).await?;
+                    if found.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(sqlx::Error::Configuration(
+                            durability::refusal(&found).into(),
+                        ))
+                    }
+                })
+            })
+            .connect_lazy_with(connect.clone());
+        let writer = Writer::start(
+            pool.clone(),
+            WriterSettings {
+                max_batch: opts.max_batch,
+                // Leave connections for reads and leases, whatever the options say.
+                writers: opts.writers.clamp(1, opts.pool_size.max(2) as usize - 1),
+                lock_timeout: opts.lock_timeout,
+            },
+        );
+        let (shutdown, _) = watch::channel(());
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                writer,
+                connect,
+                unsafe_durability: found,
+                shutdown,
+            }),
+        })
+    }
+
+    /// Runs the migrations (what `hooklatch migrate` does). [`PostgresStore::connect`] already
+    /// ran them; running them again finds nothing to do.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
+        schema::migrate(&mut conn).await.map_err(map_migrate_err)
+    }
+
+    /// The unsafe durability settings found at connect (`name=value`), which
+    /// [`PgOptions::allow_unsafe_durability`] let through; empty when the settings are safe.
+    pub fn unsafe_durability(&self) -> &[String] {
+        &self.inner.unsafe_durability
+    }
+
+    /// Spawns a task that listens on [`WORK_CHANNEL`] on its own connection and calls
+    /// `notify.notify_one()` for each notification — another instance's (or this one's)
+    /// ingest, redrive, redelivery or released leases — and once after every (re)connection,
+    /// since notifications sent meanwhile are lost. It reconnects with backoff on failure, and
+    /// stops when the store is dropped or the handle aborted.
+    pub fn listen_for_work(&self, notify: Arc<Notify>) -> JoinHandle<()> {
+        tokio::spawn(listen::run(
+            self.inner.connect.clone(),
+            notify,
+            self.inner.shutdown.subscribe(),
+        ))
+    }
+
+    async fn write(&self, work: Work) -> Result<Done, StoreError> {
+        self.inner.writer.run(work).await
+    }
+
+    fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("unsafe_durability", &self.inner.unsafe_durability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
+/// round trip for all of them.
+///
+/// Through `Executor::execute` rather than `RawSql::execute`: the latter is an `async fn`
+/// generic over the executor, and futures holding it fail the `Send` check of a spawned task
+/// (rust-lang/rust#102211, "implementation of `Executor` is not general enough").
+pub(crate) async fn simple(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
+    conn.execute(sqlx::raw_sql(sql)).await.map(|_| ())
+}
+
+/// The SQLSTATE of a database error.
+pub(crate) fn sqlstate(err: &sqlx::Error) -> Option<String> {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|code| code.into_owned())
+}
+
+/// Maps a driver error to the store's error: a full disk is its own case. Messages come from
+/// the driver and the server, which never repeat the connection URL or its password.
+pub(crate) fn map_err(err: sqlx::Error) -> StoreError {
+    match sqlstate(&err).as_deref() {
+        Some("53100") => return StoreError::Full,
+        Some("55P03") => {
+            return StoreError::Unavailable(
+                "postgres: a lock wait passed the wait limit (lock_timeout), most likely a \
+                 concurrent uncommitted claim of the same key"
+                    .to_owned(),
+            )
+        }
+        _ => {}
+    }
+    StoreError::Unavailable(format!("postgres: {err}"))
+}
+
+fn map_migrate_err(err: schema::MigrateError) -> StoreError {
+    match err {
+        schema::MigrateError::Sql(err) => map_err(err),
+        newer @ schema::MigrateError::Newer { .. } => StoreError::Unavailable(newer.to_string()),
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for PostgresStore {
+    async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
+        match self.write(Work::Ingest(ingest)).await? {
+            Done::Ingest(outcome) => Ok(outcome),
+            Done::Request(_) => unreachable!("an ingest job answers with its outcome"),
+        }
+    }
+
+    async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
+        match self.write(Work::Rejection(rejected)).await? {
+            Done::Request(id) => Ok(id),
+            Done::Ingest(_) => unreachable!("a rejection job answers with its request id"),
+        }
+    }
+
+    async fn record_handshake(
+        &self,
+        request: RequestRecord,
+        status: u16,
+    ) -> Result<RequestId, StoreError> {
+        match self.write(Work::Handshake(request, status)).await? {
+            Done::Request(id) => Ok(id),
+            Done::Ingest(_) => unreachable!("a handshake job answers with its request id"),
+        }
+    }
+
+    async fn lease_due(
+        &self,
+        owner: &str,
+        now: Timestamp,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<LeasedDelivery>, StoreError> {
+        outbox::lease_due(self.pool(), owner, now, lease, limit)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
+        outbox::record_attempt(self.pool(), &result)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
+        outbox::release_leases(self.pool(), owner)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
+        outbox::next_due(self.pool()).await.map_err(map_err)
+    }
+
+    async fn list_requests(
+        &self,
+        filter: RequestFilter,
+    ) -> Result<Vec<RequestSummary>, StoreError> {
+        history::list_requests(self.pool(), &filter)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn get_request(&self, id: RequestId) -> Result<Option<RequestDetail>, StoreError> {
+        history::get_request(self.pool(), id).await.map_err(map_err)
+    }
+
+    async fn list_deliveries(
+        &self,
+        filter: DeliveryFilter,
+    ) -> Result<Vec<DeliveryDetail>, StoreError> {
+        history::list_deliveries(self.pool(), &filter)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
+        outbox::redrive(self.pool(), id, now).await.map_err(map_err)
+    }
+
+    async fn redeliver(
+        &self,
+        request: RequestId,
+        destinations: Vec<String>,
+        now: Timestamp,
+    ) -> Result<Redelivery, StoreError> {
+        // One transaction: dropped half-way (the future cancelled), sqlx rolls it back.
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        let res = outbox::redeliver(&mut tx, request, &destinations, now)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(res)
+    }
+
+    async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError> {
+        // Bounded batches, each its own short transaction, so nothing waits long on a purge.
+        let mut total = Purged::default();
+        loop {
+            let n = history::purge_claims(self.pool(), now, history::PURGE_BATCH)
+                .await
+                .map_err(map_err)?;
+            total.claims += n;
+            if n < history::PURGE_BATCH {
+                break;
+            }
+        }
+        let mut conn = self.pool().acquire().await.map_err(map_err)?;
+        loop {
+            let (examined, removed) =
+                history::purge_requests(&mut conn, history_before, history::PURGE_BATCH)
+                    .await
+                    .map_err(map_err)?;
+            total.requests += removed;
+            if examined < history::PURGE_BATCH {
+                break;
+            }
+        }
+        Ok(total)
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        history::stats(self.pool()).await.map_err(map_err)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let standby: bool = sqlx::query("SELECT pg_is_in_recovery()")
+            .fetch_one(self.pool())
+            .await
+            .and_then(|r| r.try_get(0))
+            .map_err(map_err)?;
+        if standby {
+            return Err(StoreError::Unavailable(
+                "postgres is a read-only standby".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,264 @@
+//! The outbox, shared by the workers of every instance: leasing due deliveries, recording
+//! attempts, releasing leases, redrive and deliberate redelivery.
+//!
+//! A lease is `(lease_owner, lease_until)` on a pending row. `lease_due` picks due rows with
+//! `FOR UPDATE SKIP LOCKED`, so concurrent leasers on any instance skip the rows another is
+//! taking instead of waiting for them or taking them twice; a row whose lease is still running
+//! is not due. A worker (or instance) that dies holding a lease loses it when `lease_until`
+//! passes, and any instance takes the row over; a worker that stops cleanly gives it back at
+//! once. Each call here is one statement or one short transaction on a pooled connection: none
+//! of them needs group commit, and none waits on the claim locks ingest takes.
+//!
+//! Statements that make rows due now (redrive, redelivery, released leases) also
+//! `NOTIFY hooklatch_work`, delivered on commit, so idle workers everywhere wake up.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use bytes::Bytes;
+use hooklatch_core::store::{
+    AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive, Verdict,
+};
+use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::{headers, ingest, simple, WORK_CHANNEL};
+
+pub(crate) async fn lease_due(
+    pool: &PgPool,
+    owner: &str,
+    now: Timestamp,
+    lease: Duration,
+    limit: u32,
+) -> Result<Vec<LeasedDelivery>, sqlx::Error> {
+    let until = now.plus(lease);
+    // In READ COMMITTED, a row another leaser committed after this statement's snapshot is
+    // re-checked under its lock (its new lease_until fails the test) and dropped, so a row is
+    // never handed to two live leases.
+    let rows = sqlx::query(
+        "WITH due AS (
+            SELECT id FROM deliveries
+            WHERE state = 'pending' AND next_attempt_at <= $3
+              AND (lease_until IS NULL OR lease_until <= $3)
+            ORDER BY next_attempt_at, id
+            LIMIT $4
+            FOR UPDATE SKIP LOCKED),
+         leased AS (
+            UPDATE deliveries d SET lease_owner = $1, lease_until = $2
+            FROM due WHERE d.id = due.id
+            RETURNING d.id, d.request_id, d.source, d.event_key, d.event_type, d.destination,
+                d.idempotency_key, d.attempts, d.round_started_at, d.next_attempt_at)
+         SELECT l.id, l.request_id, l.source, l.event_key, l.event_type, l.destination,
+            l.idempotency_key, l.attempts, l.round_started_at, r.headers, r.body
+         FROM leased l JOIN requests r ON r.id = l.request_id
+         ORDER BY l.next_attempt_at, l.id",
+    )
+    .bind(owner)
+    .bind(until.0)
+    .bind(now.0)
+    .bind(i64::from(limit))
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(LeasedDelivery {
+                id: DeliveryId(r.try_get(0)?),
+                request_id: RequestId(r.try_get(1)?),
+                source: r.try_get(2)?,
+                event_key: r.try_get(3)?,
+                event_type: r.try_get(4)?,
+                destination: r.try_get(5)?,
+                idempotency_key: IdempotencyKey::from_stored(r.try_get(6)?),
+                attempts: count(r.try_get(7)?),
+                round_started_at: Timestamp(r.try_get(8)?),
+                headers: headers::decode(r.try_get(9)?),
+                body: Bytes::from(r.try_get::<Vec<u8>, _>(10)?),
+            })
+        })
+        .collect()
+}
+
+/// Whether an attempt may move its delivery: still pending, and not leased by another worker
+/// (`$2` is the attempt's owner). Column references read the row's latest version, under the
+/// row lock the update holds.
+const MOVABLE: &str = "(state = 'pending' AND (lease_owner IS NULL OR lease_owner = $2))";
+
+/// Records an attempt and, when [`MOVABLE`], moves the delivery, in one statement: the attempt
+/// is numbered by `total_attempts`, counted even when it may not move the row.
+static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+    let m = MOVABLE;
+    format!(
+        "WITH moved AS (
+            UPDATE deliveries SET
+                total_attempts = total_attempts + 1,
+                state = CASE WHEN {m} THEN $3 ELSE state END,
+                attempts = CASE WHEN {m} THEN attempts + 1 ELSE attempts END,
+                next_attempt_at = CASE WHEN {m} THEN COALESCE($4, next_attempt_at)
+                    ELSE next_attempt_at END,
+                lease_owner = CASE WHEN {m} THEN NULL ELSE lease_owner END,
+                lease_until = CASE WHEN {m} THEN NULL ELSE lease_until END,
+                last_error = CASE WHEN {m} THEN COALESCE($5, last_error) ELSE last_error END,
+                updated_at = CASE WHEN {m} THEN $6 ELSE updated_at END
+            WHERE id = $1
+            RETURNING id, total_attempts)
+         INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
+         SELECT id, total_attempts, $7, $8, $9, $5 FROM moved"
+    )
+});
+
+pub(crate) async fn record_attempt(
+    pool: &PgPool,
+    result: &AttemptResult,
+) -> Result<(), sqlx::Error> {
+    let (state, next_at) = match result.next {
+        AttemptNext::Delivered => (DeliveryState::Delivered, None),
+        AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
+        AttemptNext::DeadLetter => (DeliveryState::Dead, None),
+    };
+    let now = result.started_at.plus(result.latency);
+    // A delivery purged meanwhile updates no row, and so records nothing.
+    sqlx::query(&RECORD_ATTEMPT)
+        .bind(result.delivery.0)
+        .bind(&result.owner)
+        .bind(state.as_str())
+        .bind(next_at)
+        .bind(result.error.as_deref().map(ingest::text))
+        .bind(now.0)
+        .bind(result.started_at.0)
+        .bind(result.status.map(i32::from))
+        .bind(i64::try_from(result.latency.as_millis()).unwrap_or(i64::MAX))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+pub(crate) async fn release_leases(pool: &PgPool, owner: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(&format!(
+        "WITH released AS (
+            UPDATE deliveries SET lease_owner = NULL, lease_until = NULL
+            WHERE lease_owner = $1 AND state = 'pending'
+            RETURNING 1)
+         SELECT pg_notify('{WORK_CHANNEL}', '')::text FROM (SELECT 1 FROM released LIMIT 1) AS any_released"
+    ))
+    .bind(owner)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn next_due(pool: &PgPool) -> Result<Option<Timestamp>, sqlx::Error> {
+    // Split so each half walks a small index: unleased rows in due order (stopping at the
+    // first), and the rows in flight. Leased rows count from the end of their lease.
+    let row = sqlx::query(
+        "SELECT LEAST(
+            (SELECT min(next_attempt_at) FROM deliveries
+             WHERE state = 'pending' AND lease_owner IS NULL),
+            (SELECT min(GREATEST(next_attempt_at, lease_until)) FROM deliveries
+             WHERE state = 'pending' AND lease_owner IS NOT NULL))",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(row.try_get::<Option<i64>, _>(0)?.map(Timestamp))
+}
+
+pub(crate) async fn redrive(
+    pool: &PgPool,
+    id: DeliveryId,
+    now: Timestamp,
+) -> Result<Redrive, sqlx::Error> {
+    // The request row is share-locked: a purge removing it (and this delivery) at the same
+    // moment either finishes first (then the delivery is gone) or waits for this redrive (and
+    // then sees a pending delivery and keeps the request).
+    let queued = sqlx::query(&format!(
+        "WITH queued AS (
+            UPDATE deliveries d SET state = 'pending', attempts = 0, next_attempt_at = $2,
+                round_started_at = $2, lease_owner = NULL, lease_until = NULL, updated_at = $2
+            WHERE d.id = $1 AND d.state = 'dead'
+              AND EXISTS (SELECT 1 FROM requests r WHERE r.id = d.request_id FOR KEY SHARE)
+            RETURNING d.id)
+         SELECT q.id, pg_notify('{WORK_CHANNEL}', '')::text FROM queued q"
+    ))
+    .bind(id.0)
+    .bind(now.0)
+    .fetch_optional(pool)
+    .await?;
+    if queued.is_some() {
+        return Ok(Redrive::Queued);
+    }
+    let state: Option<String> = sqlx::query("SELECT state FROM deliveries WHERE id = $1")
+        .bind(id.0)
+        .fetch_optional(pool)
+        .await?
+        .map(|r| r.try_get(0))
+        .transpose()?;
+    Ok(match state.as_deref().map(DeliveryState::parse) {
+        None => Redrive::NotFound,
+        // Dead, but its request is gone: it is being purged.
+        Some(Some(DeliveryState::Dead)) => Redrive::NotFound,
+        Some(state) => Redrive::NotDead(state.unwrap_or(DeliveryState::Pending)),
+    })
+}
+
+pub(crate) async fn redeliver(
+    conn: &mut PgConnection,
+    request: RequestId,
+    destinations: &[String],
+    now: Timestamp,
+) -> Result<Redelivery, sqlx::Error> {
+    // Key-share lock: a concurrent purge cannot remove the request while deliveries are added.
+    let row = sqlx::query("SELECT source, verdict, keys FROM requests WHERE id = $1 FOR KEY SHARE")
+        .bind(request.0)
+        .fetch_optional(&mut *conn)
+        .await?;
+    let Some(row) = row else {
+        return Ok(Redelivery::NotFound);
+    };
+    let source: String = row.try_get(0)?;
+    let verdict = Verdict::parse(row.try_get(1)?).unwrap_or(Verdict::Rejected);
+    let keys: Vec<String> = row.try_get(2)?;
+    if keys.is_empty() || matches!(verdict, Verdict::Rejected | Verdict::Handshake) {
+        return Ok(Redelivery::NothingToRedeliver(verdict));
+    }
+    let mut queued = Vec::with_capacity(keys.len() * destinations.len());
+    for key in &keys {
+        // The event type as the event's first delivery recorded it: one of this request's own
+        // deliveries, or of the request holding the key's claim (this one was a duplicate).
+        let event_type: Option<String> = sqlx::query(
+            "SELECT event_type FROM deliveries
+             WHERE request_id IN ($3, (SELECT request_id FROM claims WHERE source = $1 AND key = $2))
+               AND source = $1 AND event_key = $2
+             ORDER BY id LIMIT 1",
+        )
+        .bind(&source)
+        .bind(key)
+        .bind(request.0)
+        .fetch_optional(&mut *conn)
+        .await?
+        .map(|r| r.try_get::<Option<String>, _>(0))
+        .transpose()?
+        .flatten();
+        let idempotency_key = format!("{source}:{key}");
+        queued.extend(
+            ingest::insert_deliveries(
+                conn,
+                request,
+                &source,
+                key,
+                event_type.as_deref(),
+                &idempotency_key,
+                destinations,
+                now,
+            )
+            .await?,
+        );
+    }
+    if !queued.is_empty() {
+        simple(conn, &format!("NOTIFY {WORK_CHANNEL}")).await?;
+    }
+    Ok(Redelivery::Queued(queued))
+}
+
+/// An attempt count as stored (never negative).
+pub(crate) fn count(n: i32) -> u32 {
+    u32::try_from(n).unwrap_or(0)
+}

@@ -1,0 +1,157 @@
+//! Tables and migrations, embedded in the binary.
+//!
+//! `hooklatch_schema_version` holds one row per applied migration. `migrate` runs in one
+//! transaction under a transaction-scoped advisory lock, so several instances starting at once
+//! take turns: the first applies what is missing, the others find it done. DDL is
+//! transactional in PostgreSQL, so a failed migration leaves nothing half-applied.
+//!
+//! The schema mirrors the SQLite store's: times are milliseconds since the Unix epoch
+//! (`BIGINT`), bodies and headers are `BYTEA` (headers in the `headers` module's encoding), and
+//! the claims table's primary key `(source, key)` is the unique constraint that decides which
+//! copy of an event is first — across every instance sharing the database. Tables are created
+//! unqualified, in the first schema of the connection's `search_path`.
+
+use sqlx::{Connection, PgConnection, Row};
+
+use crate::simple;
+
+/// Each entry moves the schema one version up. Never edit one that has shipped: add another.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE requests (
+    id             BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    received_at    BIGINT  NOT NULL,
+    source         TEXT    NOT NULL,
+    method         TEXT    NOT NULL,
+    path           TEXT    NOT NULL,
+    peer           TEXT,
+    headers        BYTEA   NOT NULL,
+    body           BYTEA   NOT NULL,
+    body_truncated BOOLEAN NOT NULL DEFAULT false,
+    verdict        TEXT    NOT NULL,
+    reason         TEXT,
+    status         INTEGER NOT NULL,
+    keys           TEXT[]  NOT NULL DEFAULT '{}'
+);
+CREATE INDEX requests_source ON requests (source, id);
+CREATE INDEX requests_verdict ON requests (verdict, id);
+CREATE INDEX requests_received ON requests (received_at);
+
+-- Which requests carried a key, for the history filter by key.
+CREATE TABLE request_keys (
+    key        TEXT   NOT NULL,
+    request_id BIGINT NOT NULL,
+    PRIMARY KEY (key, request_id)
+);
+CREATE INDEX request_keys_request ON request_keys (request_id);
+
+CREATE TABLE claims (
+    source      TEXT   NOT NULL,
+    key         TEXT   NOT NULL,
+    body_sha256 BYTEA  NOT NULL,
+    request_id  BIGINT NOT NULL,
+    claimed_at  BIGINT NOT NULL,
+    expires_at  BIGINT NOT NULL,
+    PRIMARY KEY (source, key)
+);
+CREATE INDEX claims_expiry ON claims (expires_at);
+-- The purge keeps a request while a claim points at it.
+CREATE INDEX claims_request ON claims (request_id);
+
+-- The outbox. A lease is (lease_owner, lease_until), both set or both null.
+CREATE TABLE deliveries (
+    id               BIGINT  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    request_id       BIGINT  NOT NULL,
+    source           TEXT    NOT NULL,
+    event_key        TEXT    NOT NULL,
+    event_type       TEXT,
+    destination      TEXT    NOT NULL,
+    idempotency_key  TEXT    NOT NULL,
+    state            TEXT    NOT NULL,
+    attempts         INTEGER NOT NULL DEFAULT 0,
+    total_attempts   INTEGER NOT NULL DEFAULT 0,
+    received_at      BIGINT  NOT NULL,
+    round_started_at BIGINT  NOT NULL,
+    next_attempt_at  BIGINT  NOT NULL,
+    lease_owner      TEXT,
+    lease_until      BIGINT,
+    last_error       TEXT,
+    updated_at       BIGINT  NOT NULL
+);
+-- Leasing walks due rows in order; only pending rows are in it.
+CREATE INDEX deliveries_due ON deliveries (next_attempt_at, id) WHERE state = 'pending';
+-- Releasing an owner's leases, and next_due over leased rows: only rows in flight.
+CREATE INDEX deliveries_leased ON deliveries (lease_owner) WHERE lease_owner IS NOT NULL;
+CREATE INDEX deliveries_request ON deliveries (request_id);
+CREATE INDEX deliveries_state ON deliveries (state, id);
+
+CREATE TABLE attempts (
+    delivery_id BIGINT  NOT NULL,
+    number      INTEGER NOT NULL,
+    started_at  BIGINT  NOT NULL,
+    status      INTEGER,
+    latency_ms  BIGINT  NOT NULL,
+    error       TEXT,
+    PRIMARY KEY (delivery_id, number)
+);
+"#];
+
+/// The schema version this build writes.
+pub const VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// The advisory lock key migrations hold ("hooklatc" in ASCII), one per database.
+const MIGRATION_LOCK: i64 = 0x686f_6f6b_6c61_7463;
+
+/// Why [`migrate`] failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum MigrateError {
+    /// The database was migrated by a newer hooklatch.
+    #[error(
+        "database schema version {found} is newer than this hooklatch ({VERSION}); upgrade hooklatch"
+    )]
+    Newer {
+        /// The version found.
+        found: i64,
+    },
+    /// PostgreSQL failed.
+    #[error(transparent)]
+    Sql(#[from] sqlx::Error),
+}
+
+/// Brings the database up to [`VERSION`]; refuses a database written by a newer build. Safe to
+/// run from several instances at once: they queue on the advisory lock.
+pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), MigrateError> {
+    let mut tx = conn.begin().await?;
+    // Waiting for another instance's migration is expected: not bounded by the wait limit.
+    simple(&mut tx, "SET LOCAL lock_timeout = 0").await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    simple(
+        &mut tx,
+        "CREATE TABLE IF NOT EXISTS hooklatch_schema_version (
+            version    BIGINT      PRIMARY KEY,
+            applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+        )",
+    )
+    .await?;
+    let current: i64 =
+        sqlx::query("SELECT COALESCE(max(version), 0) FROM hooklatch_schema_version")
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get(0)?;
+    if current > VERSION {
+        return Err(MigrateError::Newer { found: current });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let version = i as i64 + 1;
+        simple(&mut tx, sql).await?;
+        sqlx::query("INSERT INTO hooklatch_schema_version (version) VALUES ($1)")
+            .bind(version)
+            .execute(&mut *tx)
+            .await?;
+        tracing::info!(version, "postgres: schema migrated");
+    }
+    tx.commit().await?;
+    Ok(())
+}

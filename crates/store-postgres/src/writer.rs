@@ -1,0 +1,362 @@
+//! Group commit: ingests, rejections and handshakes, committed many to a transaction.
+//!
+//! Callers queue a [`Work`] item on a channel and wait for its reply. A few writer tasks take
+//! turns at the channel: the one whose turn it is takes the first job and every job already
+//! waiting (up to `max_batch`), and runs them in one `READ COMMITTED` transaction on one
+//! pooled connection, each job in its own savepoint. Replies go out only after `COMMIT`
+//! returns, so a caller never hears "done" for work that is not durable; if the commit fails,
+//! every job of the batch hears the error. One commit — one WAL flush, one round trip —
+//! covers the whole batch, so PostgreSQL round trips do not cap ingest throughput.
+//!
+//! Cancellation: the transaction lives in a writer task, never in the caller's future, which
+//! only queues the job (on its first poll, when the channel has room) and waits for the reply.
+//! A caller dropped before the job is queued leaves nothing; one dropped after (a provider hung
+//! up) only drops the reply, and its job commits or rolls back whole, with the rest of its
+//! batch.
+//!
+//! Failures, by scope:
+//! - A job's own error (its wait for a concurrent claim passed `lock_timeout`, a full disk)
+//!   rolls back to its savepoint and reaches its caller only; its neighbours go on.
+//! - A deadlock or serialization failure (SQLSTATE 40P01, 40001) rolls the whole batch back and
+//!   runs it again in a new transaction, after a short random pause: a deadlock is broken only
+//!   when the locks taken by the batch's earlier jobs are released too. Jobs are sorted by key
+//!   before they run, and each job claims its keys in key order, so batches on different
+//!   instances take claim locks in the same order and seldom deadlock at all.
+//! - A broken connection, a failed `COMMIT`, or a batch that takes far too long fails every job
+//!   of the batch that has not heard its own error (the gateway answers 503 and the provider
+//!   retries; a retry after a commit that did happen is answered as a duplicate).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hooklatch_core::store::{Ingest, IngestOutcome, Rejected, RequestRecord};
+use hooklatch_core::{Claim, RequestId, StoreError};
+use rand::Rng;
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres};
+use tokio::sync::{mpsc, oneshot, Mutex};
+
+use crate::{ingest, map_err, simple, sqlstate, WORK_CHANNEL};
+
+/// How many times a batch is run again after a deadlock or serialization failure.
+const MAX_RETRIES: u32 = 8;
+
+/// Beyond its lock waits, how long one run of a batch may take before it is abandoned (a
+/// connection that stopped answering): its callers hear `Unavailable`.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The most lock waits one run of a batch is given time for. Each claim may wait up to
+/// `lock_timeout`, but a batch whose jobs all wait that long is better failed (503, retried
+/// by the providers) than kept for minutes.
+const MAX_WAITS_PER_BATCH: u32 = 4;
+
+/// A write that goes through group commit.
+pub(crate) enum Work {
+    Ingest(Ingest),
+    Rejection(Rejected),
+    Handshake(RequestRecord, u16),
+}
+
+/// What a [`Work`] item produced.
+pub(crate) enum Done {
+    Ingest(IngestOutcome),
+    Request(RequestId),
+}
+
+impl Work {
+    /// The order jobs run in within a batch: keyless jobs first, then by smallest key.
+    fn lock_order(&self) -> Option<(&str, &str)> {
+        match self {
+            Work::Ingest(ingest) => ingest::lock_order(ingest),
+            Work::Rejection(_) | Work::Handshake(..) => None,
+        }
+    }
+
+    /// How many lock waits the job may go through (one per claim).
+    fn n_claims(&self) -> u32 {
+        match self {
+            Work::Ingest(ingest) => ingest.events.len() as u32,
+            Work::Rejection(_) | Work::Handshake(..) => 0,
+        }
+    }
+
+    async fn run(&self, conn: &mut PgConnection) -> Result<Done, sqlx::Error> {
+        Ok(match self {
+            Work::Ingest(job) => Done::Ingest(ingest::ingest(conn, job).await?),
+            Work::Rejection(job) => Done::Request(ingest::record_rejection(conn, job).await?),
+            Work::Handshake(request, status) => {
+                Done::Request(ingest::record_handshake(conn, request, *status).await?)
+            }
+        })
+    }
+}
+
+impl Done {
+    /// True when committing it gives workers something new to do.
+    fn queued_deliveries(&self) -> bool {
+        match self {
+            Done::Ingest(outcome) => outcome.claims.iter().any(
+                |(_, claim)| matches!(claim, Claim::New { deliveries } if !deliveries.is_empty()),
+            ),
+            Done::Request(_) => false,
+        }
+    }
+}
+
+struct Job {
+    work: Work,
+    reply: oneshot::Sender<Result<Done, StoreError>>,
+}
+
+/// Settings of the writer tasks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriterSettings {
+    pub(crate) max_batch: usize,
+    pub(crate) writers: usize,
+    pub(crate) lock_timeout: Duration,
+}
+
+/// A handle on the writer tasks. Cheap to clone; the tasks stop when the last handle drops.
+#[derive(Clone)]
+pub(crate) struct Writer {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl Writer {
+    /// Starts the writer tasks on the current tokio runtime.
+    pub(crate) fn start(pool: PgPool, settings: WriterSettings) -> Writer {
+        let settings = WriterSettings {
+            max_batch: settings.max_batch.max(1),
+            writers: settings.writers.max(1),
+            ..settings
+        };
+        // Room for a few batches per writer; beyond it callers wait to queue (backpressure).
+        let (jobs, rx) = mpsc::channel(settings.max_batch * settings.writers * 8);
+        let rx = Arc::new(Mutex::new(rx));
+        for _ in 0..settings.writers {
+            tokio::spawn(run_loop(rx.clone(), pool.clone(), settings));
+        }
+        Writer { jobs }
+    }
+
+    /// Runs `work` in the next group commit and returns its result once the commit is durable.
+    ///
+    /// Dropping the returned future while it waits for room on the channel leaves nothing
+    /// behind; once the job is queued, dropping it does not stop the job, it only discards the
+    /// reply.
+    pub(crate) async fn run(&self, work: Work) -> Result<Done, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.jobs
+            .send(Job { work, reply })
+            .await
+            .map_err(|_| StoreError::Unavailable("postgres writer has stopped".to_owned()))?;
+        rx.await
+            .map_err(|_| StoreError::Unavailable("postgres write did not run".to_owned()))?
+    }
+}
+
+async fn run_loop(rx: Arc<Mutex<mpsc::Receiver<Job>>>, pool: PgPool, settings: WriterSettings) {
+    loop {
+        let mut batch = Vec::new();
+        {
+            // One writer at a time waits at the channel; the others are committing.
+            let mut rx = rx.lock().await;
+            match rx.recv().await {
+                Some(job) => batch.push(job),
+                None => return,
+            }
+            while batch.len() < settings.max_batch {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+        }
+        commit_batch(&pool, settings, batch).await;
+    }
+}
+
+/// How one run of a batch ended.
+enum Ended {
+    /// Committed: each job's own result, to send now.
+    Committed(Vec<Result<Done, StoreError>>),
+    /// Rolled back cleanly after a deadlock or serialization failure: run it again.
+    Retry(sqlx::Error),
+    /// Failed: each job's own error where it had one, else `err`. `clean` says whether the
+    /// connection is still fit for the pool (rolled back, not mid-protocol).
+    Failed {
+        results: Vec<Option<StoreError>>,
+        err: StoreError,
+        clean: bool,
+    },
+}
+
+async fn commit_batch(pool: &PgPool, settings: WriterSettings, mut batch: Vec<Job>) {
+    batch.sort_by(|a, b| a.work.lock_order().cmp(&b.work.lock_order()));
+    let n_claims: u32 = batch.iter().map(|j| j.work.n_claims()).sum();
+    let deadline = IO_TIMEOUT + settings.lock_timeout * (n_claims + 1).min(MAX_WAITS_PER_BATCH);
+    let mut retries = 0;
+    loop {
+        let mut conn = match pool.acquire().await {
+            Ok(conn) => conn,
+            Err(err) => {
+                let err = map_err(err);
+                tracing::warn!(%err, jobs = batch.len(), "postgres: no connection for a group commit");
+                return fail(batch, Vec::new(), err);
+            }
+        };
+        let ended = tokio::time::timeout(deadline, run_batch(&mut conn, &batch)).await;
+        let ended = ended.unwrap_or_else(|_| Ended::Failed {
+            results: Vec::new(),
+            err: StoreError::Unavailable("postgres did not answer in time".to_owned()),
+            clean: false,
+        });
+        match ended {
+            Ended::Committed(results) => {
+                metrics::histogram!("hooklatch_store_group_commit_jobs")
+                    .record(results.len() as f64);
+                for (job, res) in batch.into_iter().zip(results) {
+                    let _ = job.reply.send(res);
+                }
+                return;
+            }
+            Ended::Retry(err) if retries < MAX_RETRIES => {
+                retries += 1;
+                metrics::counter!("hooklatch_store_serialization_retries_total").increment(1);
+                tracing::debug!(%err, retries, jobs = batch.len(), "postgres: group commit retried");
+                drop(conn);
+                let pause = rand::rng().random_range(1..=5u64 << retries.min(6));
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            Ended::Retry(err) => {
+                let err = map_err(err);
+                tracing::warn!(%err, jobs = batch.len(), "postgres: group commit gave up after retries");
+                return fail(batch, Vec::new(), err);
+            }
+            Ended::Failed {
+                results,
+                err,
+                clean,
+            } => {
+                if !clean {
+                    // Mid-transaction or mid-protocol: never hand it back to the pool.
+                    close(conn);
+                }
+                tracing::warn!(%err, jobs = batch.len(), "postgres: group commit failed");
+                return fail(batch, results, err);
+            }
+        }
+    }
+}
+
+/// Tells every job of a failed batch: its own error if it had one, else `err`.
+fn fail(batch: Vec<Job>, results: Vec<Option<StoreError>>, err: StoreError) {
+    let mut results = results.into_iter();
+    for job in batch {
+        let res = results.next().flatten().unwrap_or_else(|| err.clone());
+        let _ = job.reply.send(Err(res));
+    }
+}
+
+fn close(mut conn: PoolConnection<Postgres>) {
+    conn.close_on_drop();
+    drop(conn);
+}
+
+/// Runs the batch once: `BEGIN`, each job in a savepoint, `COMMIT` (with a `NOTIFY` when any
+/// job queued deliveries).
+async fn run_batch(conn: &mut PgConnection, batch: &[Job]) -> Ended {
+    if let Err(err) = simple(conn, "BEGIN ISOLATION LEVEL READ COMMITTED; SAVEPOINT job").await {
+        return broken(Vec::new(), err, conn).await;
+    }
+    let mut results: Vec<Result<Done, StoreError>> = Vec::with_capacity(batch.len());
+    let mut queued_work = false;
+    for job in batch {
+        match job.work.run(conn).await {
+            Ok(done) => {
+                queued_work |= done.queued_deliveries();
+                results.push(Ok(done));
+                // Keep the job's work, and open the next job's savepoint, in one round trip.
+                if let Err(err) = simple(conn, "RELEASE SAVEPOINT job; SAVEPOINT job").await {
+                    return broken(own_errors(&results), err, conn).await;
+                }
+            }
+            Err(err) if is_retryable(&err) => {
+                return match rollback(conn).await {
+                    Ok(()) => Ended::Retry(err),
+                    Err(_) => Ended::Failed {
+                        results: Vec::new(),
+                        err: map_err(err),
+                        clean: false,
+                    },
+                };
+            }
+            Err(err) if is_connection_error(&err) => {
+                return broken(own_errors(&results), err, conn).await;
+            }
+            Err(err) => {
+                // Undo this job only; the savepoint stays for the next job.
+                if let Err(rollback_err) = simple(conn, "ROLLBACK TO SAVEPOINT job").await {
+                    return broken(own_errors(&results), rollback_err, conn).await;
+                }
+                results.push(Err(map_err(err)));
+            }
+        }
+    }
+    let commit = if queued_work {
+        format!("NOTIFY {WORK_CHANNEL}; COMMIT")
+    } else {
+        "COMMIT".to_owned()
+    };
+    match simple(conn, &commit).await {
+        Ok(_) => Ended::Committed(results),
+        Err(err) if is_retryable(&err) => match rollback(conn).await {
+            // A serialization failure at commit (deferred checks): nothing was committed.
+            Ok(()) => Ended::Retry(err),
+            Err(_) => Ended::Failed {
+                results: own_errors(&results),
+                err: map_err(err),
+                clean: false,
+            },
+        },
+        // The commit may or may not have happened: every job hears the error (a provider's
+        // retry of a job that did commit is answered as a duplicate).
+        Err(err) => broken(own_errors(&results), err, conn).await,
+    }
+}
+
+/// The jobs' own errors so far, by position (`None` for jobs that succeeded).
+fn own_errors(results: &[Result<Done, StoreError>]) -> Vec<Option<StoreError>> {
+    results.iter().map(|r| r.as_ref().err().cloned()).collect()
+}
+
+/// Ends a batch that failed as a whole: tries to roll back, so the connection can be reused.
+async fn broken(
+    results: Vec<Option<StoreError>>,
+    err: sqlx::Error,
+    conn: &mut PgConnection,
+) -> Ended {
+    let clean = !is_connection_error(&err) && rollback(conn).await.is_ok();
+    Ended::Failed {
+        results,
+        err: map_err(err),
+        clean,
+    }
+}
+
+async fn rollback(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    simple(conn, "ROLLBACK").await
+}
+
+/// Deadlock detected (40P01) or serialization failure (40001): the batch can run again.
+fn is_retryable(err: &sqlx::Error) -> bool {
+    matches!(sqlstate(err).as_deref(), Some("40P01" | "40001"))
+}
+
+/// The connection itself failed: nothing more can be sent on it.
+fn is_connection_error(err: &sqlx::Error) -> bool {
+    matches!(
+        err,
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_)
+    ) || sqlstate(err).is_some_and(|code| code.starts_with("08") || code.starts_with("57P"))
+}

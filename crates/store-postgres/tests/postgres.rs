@@ -1,0 +1,740 @@
+//! What only a real, shared PostgreSQL shows: an ingest waits on the unique index for another
+//! session's uncommitted claim of its key (then a duplicate, or the claim after a rollback),
+//! the wait limit turns into `Unavailable`, unsafe durability settings are refused, several
+//! instances (separate pools, as separate gateway processes) make one claim per key, wake each
+//! other's workers, and share the outbox through leases without ever handing a row to two
+//! live leases. Each test has its own database; without `HOOKLATCH_TEST_POSTGRES_URL` each
+//! prints a `skipped:` line (and fails when `CI` is set).
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hooklatch_core::store::{AttemptNext, AttemptResult, DeliveryState, Verdict};
+use hooklatch_core::{Claim, DeliveryId, RequestId, Store, StoreError};
+use hooklatch_store_postgres::{schema, PgOptions, PostgresStore};
+use hooklatch_testkit::conformance::fixture::{
+    all_deliveries, all_requests, at, deliveries_with_key, delivery, idempotency_key, ingest,
+    new_deliveries, sha256, DESTINATIONS, RETENTION, T0,
+};
+use sqlx::{Executor, PgConnection, Row};
+use support::{with_param, TestDb};
+use tokio::sync::{Barrier, Notify};
+use tokio::task::JoinSet;
+
+const SOURCE: &str = "stripe";
+const BODY: &[u8] = br#"{"id":"evt_x","type":"invoice.paid"}"#;
+/// Long enough that no lock wait in these tests gives up by itself.
+const PATIENT: Duration = Duration::from_secs(60);
+/// How long a test waits for something that should happen soon (never a timing assertion).
+const BOUND: Duration = Duration::from_secs(30);
+
+/// A store that waits for locks up to `lock_timeout`.
+async fn store_waiting(db: &TestDb, lock_timeout: Duration) -> PostgresStore {
+    let mut opts = db.options();
+    opts.lock_timeout = lock_timeout;
+    db.store_with(opts).await
+}
+
+/// A raw session holding `BEGIN; INSERT` of the claim of `key`, as request `request_id`
+/// with `body`'s hash, uncommitted.
+async fn hold_claim(db: &TestDb, key: &str, body: &[u8], request_id: i64) -> PgConnection {
+    let mut raw = db.raw().await;
+    raw.execute("BEGIN").await.expect("BEGIN");
+    sqlx::query(
+        "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(SOURCE)
+    .bind(key)
+    .bind(&sha256(body)[..])
+    .bind(request_id)
+    .bind(T0.0)
+    .bind(T0.plus(RETENTION).0)
+    .execute(&mut raw)
+    .await
+    .expect("inserting the claim in the raw session");
+    raw
+}
+
+/// Waits (bounded) until a session on the test database waits for a lock, and returns its
+/// `(wait_event_type, wait_event)`.
+async fn lock_wait(db: &TestDb) -> (String, String) {
+    let mut observer = db.raw().await;
+    let started = Instant::now();
+    loop {
+        let row = sqlx::query(
+            "SELECT wait_event_type, wait_event FROM pg_stat_activity
+             WHERE datname = $1 AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()",
+        )
+        .bind(&db.name)
+        .fetch_optional(&mut observer)
+        .await
+        .expect("reading pg_stat_activity");
+        if let Some(row) = row {
+            return (row.get(0), row.get(1));
+        }
+        assert!(
+            started.elapsed() < BOUND,
+            "no session of {} ever waited for a lock",
+            db.name
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn spawn_ingest(
+    store: &PostgresStore,
+    key: &str,
+) -> tokio::task::JoinHandle<Result<hooklatch_core::store::IngestOutcome, StoreError>> {
+    let store = store.clone();
+    let ingest = ingest(SOURCE, &[key], BODY, at(1));
+    tokio::spawn(async move { store.ingest(ingest).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_waits_for_an_uncommitted_claim_of_its_key_then_is_a_duplicate_after_commit() {
+    let Some(base) = support::base_url("the uncommitted-claim commit test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = store_waiting(&db, PATIENT).await;
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+
+    let started = Instant::now();
+    let task = spawn_ingest(&store, "evt_x");
+    let wait = lock_wait(&db).await;
+    assert_eq!(
+        wait,
+        ("Lock".to_owned(), "transactionid".to_owned()),
+        "the ingest waits on the other transaction, as PostgreSQL's index uniqueness checks do"
+    );
+    assert!(
+        !task.is_finished(),
+        "the ingest answers only after the other session ends"
+    );
+    raw.execute("COMMIT").await.expect("COMMIT");
+
+    let outcome = task.await.expect("ingest task").expect("ingest");
+    eprintln!(
+        "figure: waited {:?} for the other session's commit",
+        started.elapsed()
+    );
+    assert_eq!(
+        outcome.claims[0].1,
+        Claim::Duplicate {
+            first_request: RequestId(777),
+            first_seen: T0
+        }
+    );
+    assert_eq!(outcome.verdict(), Verdict::Duplicate);
+    assert!(
+        deliveries_with_key(&store, &idempotency_key(SOURCE, "evt_x"))
+            .await
+            .is_empty(),
+        "a duplicate queues nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_waits_for_an_uncommitted_claim_of_its_key_then_claims_it_after_rollback() {
+    let Some(base) = support::base_url("the uncommitted-claim rollback test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = store_waiting(&db, PATIENT).await;
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+
+    let task = spawn_ingest(&store, "evt_x");
+    assert_eq!(lock_wait(&db).await.0, "Lock");
+    assert!(!task.is_finished());
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+
+    let outcome = task.await.expect("ingest task").expect("ingest");
+    let Claim::New { deliveries } = &outcome.claims[0].1 else {
+        panic!(
+            "after a rollback the key is ours, got {:?}",
+            outcome.claims[0].1
+        );
+    };
+    assert_eq!(deliveries.len(), DESTINATIONS.len());
+    let rows = deliveries_with_key(&store, &idempotency_key(SOURCE, "evt_x")).await;
+    assert!(rows.iter().all(|d| d.request_id == outcome.request_id));
+    assert_eq!(store.stats().await.expect("stats").claims, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_waiting_past_the_wait_limit_is_unavailable_never_ok() {
+    let Some(base) = support::base_url("the wait-limit test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = store_waiting(&db, Duration::from_millis(300)).await;
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+
+    // A neighbour that may share the blocked job's group commit.
+    let neighbour = spawn_ingest(&store, "evt_other");
+    let res = spawn_ingest(&store, "evt_x").await.expect("ingest task");
+    match &res {
+        Err(StoreError::Unavailable(msg)) => {
+            assert!(msg.contains("lock_timeout"), "{msg}");
+        }
+        other => panic!("past the wait limit an ingest must be Unavailable, got {other:?}"),
+    }
+    let neighbour = neighbour
+        .await
+        .expect("ingest task")
+        .expect("the neighbour commits");
+    assert!(matches!(neighbour.claims[0].1, Claim::New { .. }));
+    // Nothing of the refused ingest stays: only the neighbour is in history.
+    let history = all_requests(&store).await;
+    assert_eq!(
+        history.iter().map(|r| r.id).collect::<Vec<_>>(),
+        [neighbour.request_id]
+    );
+
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+    let retried = spawn_ingest(&store, "evt_x")
+        .await
+        .expect("ingest task")
+        .expect("the provider's retry succeeds");
+    assert!(matches!(retried.claims[0].1, Claim::New { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_durability_is_refused_naming_the_setting_unless_allowed() {
+    let Some(base) = support::base_url("the durability test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let off = with_param(&db.url, "options=-c%20synchronous_commit%3Doff");
+
+    let refused = PostgresStore::connect(&PgOptions::from_url(&off).expect("url")).await;
+    match refused {
+        Err(StoreError::Unavailable(msg)) => {
+            assert!(msg.contains("synchronous_commit=off"), "{msg}");
+        }
+        other => panic!("synchronous_commit=off must be refused, got {other:?}"),
+    }
+
+    let mut allowed =
+        PgOptions::from_url(&with_param(&off, "allow_unsafe_durability=true")).expect("url");
+    allowed.pool_size = 4;
+    allowed.writers = 2;
+    let store = PostgresStore::connect(&allowed)
+        .await
+        .expect("allowed explicitly, it opens");
+    assert_eq!(store.unsafe_durability(), ["synchronous_commit=off"]);
+    let outcome = store
+        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
+        .await
+        .expect("ingest");
+    assert_eq!(outcome.verdict(), Verdict::Accepted);
+
+    let mut local = PgOptions::from_url(&with_param(
+        &db.url,
+        "options=-c%20synchronous_commit%3Dlocal",
+    ))
+    .expect("url");
+    local.pool_size = 4;
+    local.writers = 2;
+    let store = PostgresStore::connect(&local)
+        .await
+        .expect("local waits for the local flush: safe");
+    assert!(store.unsafe_durability().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_copies_on_two_instances_make_exactly_one_claim() {
+    let Some(base) = support::base_url("the two-instance claim test") else {
+        return;
+    };
+    const ROUNDS: usize = 20;
+    const COPIES: usize = 32;
+    let db = TestDb::create(&base).await;
+    // Two stores, two pools: as two gateway processes behind a load balancer.
+    let instances = [db.store().await, db.store().await];
+    let started = Instant::now();
+    for round in 0..ROUNDS {
+        let key = format!("evt_{round}");
+        let barrier = Arc::new(Barrier::new(COPIES));
+        let mut tasks = JoinSet::new();
+        for copy in 0..COPIES {
+            let store = instances[copy % 2].clone();
+            let barrier = barrier.clone();
+            let ingest = ingest(SOURCE, &[key.as_str()], BODY, at(round as i64));
+            tasks.spawn(async move {
+                barrier.wait().await;
+                store.ingest(ingest).await
+            });
+        }
+        let mut outcomes = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            outcomes.push(joined.expect("ingest task").expect("never a 503 or 500"));
+        }
+        let winners: Vec<_> = outcomes
+            .iter()
+            .filter(|o| matches!(o.claims[0].1, Claim::New { .. }))
+            .map(|o| o.request_id)
+            .collect();
+        assert_eq!(winners.len(), 1, "{key}: exactly one copy claims");
+        for outcome in &outcomes {
+            if outcome.request_id != winners[0] {
+                assert_eq!(
+                    outcome.claims[0].1,
+                    Claim::Duplicate {
+                        first_request: winners[0],
+                        first_seen: at(round as i64)
+                    },
+                    "{key}"
+                );
+            }
+        }
+        let rows = deliveries_with_key(&instances[0], &idempotency_key(SOURCE, &key)).await;
+        assert_eq!(
+            rows.len(),
+            DESTINATIONS.len(),
+            "{key}: one delivery per destination"
+        );
+    }
+    eprintln!(
+        "figure: {} copies of {ROUNDS} events on two instances in {:.1?}",
+        ROUNDS * COPIES,
+        started.elapsed()
+    );
+    let stats = instances[1].stats().await.expect("stats");
+    assert_eq!(stats.claims, ROUNDS as u64);
+    assert_eq!(all_requests(&instances[1]).await.len(), ROUNDS * COPIES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_batched_deliveries_on_two_instances_never_fail_and_claim_each_key_once() {
+    let Some(base) = support::base_url("the overlapping-keys test") else {
+        return;
+    };
+    // Requests carrying two keys each, in both orders, from two instances at once: the lock
+    // orders that deadlock unless keys are claimed in one order (and the deadlocks that remain
+    // are retried inside).
+    const KEYS: usize = 8;
+    const REQUESTS: usize = 64;
+    let db = TestDb::create(&base).await;
+    let instances = [db.store().await, db.store().await];
+    let barrier = Arc::new(Barrier::new(REQUESTS));
+    let mut tasks = JoinSet::new();
+    for i in 0..REQUESTS {
+        let (a, b) = (i % KEYS, (i + 1) % KEYS);
+        let keys = if i % 2 == 0 {
+            [format!("evt_{a}"), format!("evt_{b}")]
+        } else {
+            [format!("evt_{b}"), format!("evt_{a}")]
+        };
+        let store = instances[i % 2].clone();
+        let barrier = barrier.clone();
+        tasks.spawn(async move {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+            let ingest = ingest(SOURCE, &keys, BODY, T0);
+            barrier.wait().await;
+            store.ingest(ingest).await
+        });
+    }
+    let mut new_per_key: BTreeMap<String, usize> = BTreeMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let outcome = joined.expect("ingest task").expect("never an error");
+        for (key, claim) in &outcome.claims {
+            if matches!(claim, Claim::New { .. }) {
+                *new_per_key.entry(key.as_str().to_owned()).or_default() += 1;
+            }
+        }
+    }
+    assert_eq!(new_per_key.len(), KEYS, "every key claimed");
+    assert!(
+        new_per_key.values().all(|n| *n == 1),
+        "each key claimed once: {new_per_key:?}"
+    );
+    assert_eq!(
+        all_deliveries(&instances[0]).await.len(),
+        KEYS * DESTINATIONS.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_instances_ingest_wakes_a_listening_worker() {
+    let Some(base) = support::base_url("the LISTEN/NOTIFY test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let listening = db.store().await;
+    let other = db.store().await;
+    let notify = Arc::new(Notify::new());
+    let listener = listening.listen_for_work(notify.clone());
+    tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .expect("the listener wakes the worker once it listens");
+
+    other
+        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
+        .await
+        .expect("ingest");
+    tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .expect("the other instance's ingest wakes the worker");
+
+    drop(listening);
+    tokio::time::timeout(BOUND, listener)
+        .await
+        .expect("the listener stops when its store is dropped")
+        .expect("the listener task ends cleanly");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_whose_connection_is_killed_reconnects_and_keeps_waking() {
+    let Some(base) = support::base_url("the listener reconnect test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = db.store().await;
+    let notify = Arc::new(Notify::new());
+    let _listener = store.listen_for_work(notify.clone());
+    tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .expect("the listener wakes the worker once it listens");
+
+    let mut raw = db.raw().await;
+    let killed: i64 = sqlx::query(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(&db.name)
+    .fetch_one(&mut raw)
+    .await
+    .expect("terminating the listener's session")
+    .get(0);
+    assert_eq!(killed, 1, "one listening session");
+    tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .expect("woken after reconnecting, as notifications may have been missed");
+
+    store
+        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
+        .await
+        .expect("ingest");
+    tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .expect("the reconnected listener still wakes the worker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_connection_dies_fails_as_unavailable_and_the_store_recovers() {
+    let Some(base) = support::base_url("the dead-connection test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = store_waiting(&db, PATIENT).await;
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+    let task = spawn_ingest(&store, "evt_x");
+    lock_wait(&db).await;
+
+    // Kill the store's session while its batch waits for the claim.
+    let mut observer = db.raw().await;
+    let killed: i64 = sqlx::query(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = $1 AND wait_event_type = 'Lock'",
+    )
+    .bind(&db.name)
+    .fetch_one(&mut observer)
+    .await
+    .expect("terminating the waiting session")
+    .get(0);
+    assert_eq!(killed, 1);
+    match task.await.expect("ingest task") {
+        Err(StoreError::Unavailable(_)) => {}
+        other => panic!("a batch on a dead connection must be Unavailable, got {other:?}"),
+    }
+
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+    let retried = spawn_ingest(&store, "evt_x")
+        .await
+        .expect("ingest task")
+        .expect("the store recovers on a new connection");
+    assert!(matches!(retried.claims[0].1, Claim::New { .. }));
+    assert_eq!(
+        all_requests(&store).await.len(),
+        1,
+        "nothing of the killed batch"
+    );
+}
+
+/// An attempt by `owner` on `id` at `started_at`.
+fn attempt_by(
+    owner: &str,
+    id: DeliveryId,
+    started_at: hooklatch_core::Timestamp,
+    next: AttemptNext,
+) -> AttemptResult {
+    AttemptResult {
+        delivery: id,
+        owner: owner.to_owned(),
+        started_at,
+        latency: Duration::from_millis(10),
+        status: Some(if next == AttemptNext::Delivered {
+            200
+        } else {
+            500
+        }),
+        error: (next != AttemptNext::Delivered).then(|| "HTTP 500".to_owned()),
+        next,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_instances_leases_are_taken_over_by_another_after_expiry() {
+    let Some(base) = support::base_url("the lease takeover test") else {
+        return;
+    };
+    const LEASE: Duration = Duration::from_secs(30);
+    let db = TestDb::create(&base).await;
+    let (a, b) = (db.store().await, db.store().await);
+    let mut rows = BTreeSet::new();
+    for i in 0..10 {
+        let key = format!("evt_{i}");
+        let outcome = a
+            .ingest(ingest(SOURCE, &[key.as_str()], BODY, T0))
+            .await
+            .expect("ingest");
+        rows.extend(new_deliveries(&outcome));
+    }
+    let leased_by_a: BTreeSet<_> = a
+        .lease_due("instance-a", T0, LEASE, 100)
+        .await
+        .expect("lease_due")
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(leased_by_a, rows);
+    // Instance a dies here, holding every lease.
+    assert!(b
+        .lease_due("instance-b", at(29), LEASE, 100)
+        .await
+        .expect("lease_due")
+        .is_empty());
+    let taken: BTreeSet<_> = b
+        .lease_due("instance-b", at(31), LEASE, 100)
+        .await
+        .expect("lease_due")
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(taken, rows, "every expired lease is taken over");
+
+    let first = *rows.first().expect("rows");
+    b.record_attempt(attempt_by(
+        "instance-b",
+        first,
+        at(31),
+        AttemptNext::Delivered,
+    ))
+    .await
+    .expect("record_attempt");
+    // Instance a comes back late and reports a failure: kept in history, moves nothing.
+    a.record_attempt(attempt_by(
+        "instance-a",
+        first,
+        at(32),
+        AttemptNext::RetryAt(at(100)),
+    ))
+    .await
+    .expect("record_attempt");
+    let row = delivery(&a, first).await;
+    assert_eq!(row.state, DeliveryState::Delivered);
+    assert_eq!(row.history.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_leasers_on_several_instances_lease_every_row_exactly_once() {
+    let Some(base) = support::base_url("the SKIP LOCKED test") else {
+        return;
+    };
+    const EVENTS: usize = 100;
+    const LEASERS: usize = 4;
+    const LEASE: Duration = Duration::from_secs(30);
+    let db = TestDb::create(&base).await;
+    let instances: Vec<PostgresStore> = vec![db.store().await, db.store().await];
+    let mut rows = BTreeSet::new();
+    let mut tasks = JoinSet::new();
+    for i in 0..EVENTS {
+        let store = instances[i % 2].clone();
+        let key = format!("evt_{i}");
+        tasks.spawn(async move {
+            store
+                .ingest(ingest(SOURCE, &[key.as_str()], BODY, T0))
+                .await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        rows.extend(new_deliveries(&joined.expect("task").expect("ingest")));
+    }
+    assert_eq!(rows.len(), EVENTS * DESTINATIONS.len());
+
+    let started = Instant::now();
+    let barrier = Arc::new(Barrier::new(LEASERS));
+    let mut leasers = JoinSet::new();
+    for n in 0..LEASERS {
+        let store = instances[n % 2].clone();
+        let barrier = barrier.clone();
+        leasers.spawn(async move {
+            let owner = format!("worker-{n}");
+            let mut mine = Vec::new();
+            barrier.wait().await;
+            loop {
+                let batch = store
+                    .lease_due(&owner, at(1), LEASE, 7)
+                    .await
+                    .expect("lease_due");
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.iter().map(|d| d.id));
+            }
+        });
+    }
+    let mut leased: BTreeMap<DeliveryId, usize> = BTreeMap::new();
+    let mut per_leaser = Vec::new();
+    while let Some(joined) = leasers.join_next().await {
+        let mine = joined.expect("leaser task");
+        per_leaser.push(mine.len());
+        for id in mine {
+            *leased.entry(id).or_default() += 1;
+        }
+    }
+    eprintln!(
+        "figure: {LEASERS} leasers took {} rows in {:.1?}, {per_leaser:?} each",
+        rows.len(),
+        started.elapsed()
+    );
+    let twice: Vec<_> = leased.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "rows leased twice: {twice:?}");
+    assert_eq!(
+        leased.keys().copied().collect::<BTreeSet<_>>(),
+        rows,
+        "every row leased"
+    );
+    assert!(instances[0]
+        .lease_due("late", at(1), LEASE, 1000)
+        .await
+        .expect("lease_due")
+        .is_empty());
+    assert_eq!(
+        instances[1]
+            .lease_due("late", at(40), LEASE, 1000)
+            .await
+            .expect("lease_due")
+            .len(),
+        rows.len(),
+        "after expiry every row is taken over"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_starting_at_once_migrate_once_and_a_newer_schema_is_refused() {
+    let Some(base) = support::base_url("the migration test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let mut starts = JoinSet::new();
+    for _ in 0..4 {
+        let opts = db.options();
+        starts.spawn(async move { PostgresStore::connect(&opts).await });
+    }
+    let mut stores = Vec::new();
+    while let Some(joined) = starts.join_next().await {
+        stores.push(joined.expect("start task").expect("every instance starts"));
+    }
+    stores[0]
+        .migrate()
+        .await
+        .expect("migrating again finds nothing to do");
+    let mut raw = db.raw().await;
+    let versions: Vec<i64> =
+        sqlx::query("SELECT version FROM hooklatch_schema_version ORDER BY version")
+            .fetch_all(&mut raw)
+            .await
+            .expect("schema versions")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+    assert_eq!(versions, (1..=schema::VERSION).collect::<Vec<_>>());
+
+    sqlx::query("INSERT INTO hooklatch_schema_version (version) VALUES ($1)")
+        .bind(schema::VERSION + 1)
+        .execute(&mut raw)
+        .await
+        .expect("pretending a newer hooklatch migrated");
+    match PostgresStore::connect(&db.options()).await {
+        Err(StoreError::Unavailable(msg)) => assert!(msg.contains("newer"), "{msg}"),
+        other => panic!("a newer schema must be refused, got {other:?}"),
+    }
+}
+
+/// A request refused on a path segment holding NUL (percent-decoded `%00`) is still recorded:
+/// PostgreSQL text cannot hold NUL, and failing the write would answer 503 to a request
+/// already judged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_with_nul_in_its_source_is_still_recorded() {
+    let Some(base) = support::base_url("the NUL test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = db.store().await;
+    let rejected = hooklatch_testkit::conformance::fixture::rejection(
+        "bad\0source",
+        BODY,
+        T0,
+        "unknown_source",
+        404,
+    );
+    let id = store
+        .record_rejection(rejected)
+        .await
+        .expect("recorded, not 503");
+    let detail = store
+        .get_request(id)
+        .await
+        .expect("get_request")
+        .expect("in history");
+    assert_eq!(detail.summary.source, "bad\u{fffd}source");
+    assert_eq!(&detail.body[..], BODY, "the body is kept byte-exact");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_concurrent_ingests_all_commit() {
+    let Some(base) = support::base_url("the burst test") else {
+        return;
+    };
+    const N: usize = 400;
+    let db = TestDb::create(&base).await;
+    let store = db.store().await;
+    let started = Instant::now();
+    let mut tasks = JoinSet::new();
+    for i in 0..N {
+        let store = store.clone();
+        let key = format!("evt_{i}");
+        tasks.spawn(async move {
+            store
+                .ingest(ingest(SOURCE, &[key.as_str()], BODY, T0))
+                .await
+        });
+    }
+    while let Some(joined) = tasks.join_next().await {
+        let outcome = joined.expect("task").expect("ingest");
+        assert_eq!(outcome.verdict(), Verdict::Accepted);
+    }
+    let elapsed = started.elapsed();
+    eprintln!(
+        "figure: {N} concurrent ingests on one instance (2 writers) in {elapsed:.1?} ({:.0}/s)",
+        N as f64 / elapsed.as_secs_f64()
+    );
+    assert_eq!(store.stats().await.expect("stats").claims, N as u64);
+    assert_eq!(all_deliveries(&store).await.len(), N * DESTINATIONS.len());
+}
