@@ -1,0 +1,275 @@
+//! Every way ingest refuses a request, and the conflict it holds instead of refusing.
+//!
+//! Proves, for each refusal, the HTTP status, the JSON `code`, that history recorded the
+//! request as rejected with that code as its reason, and that nothing was claimed or queued:
+//! no outbox row appears, and a genuine event with the same id sent afterwards is accepted as
+//! new and delivered once. Oversized bodies are refused before they are read in full, whether
+//! declared by Content-Length or streamed in chunks. A validly signed delivery reusing a key
+//! with a different body is answered 2xx as a `conflict`, kept, counted, and not forwarded.
+//! The admin API refuses every request without its bearer token.
+
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use crate::support::{
+    github_headers, header, raw_post, stripe_headers, stripe_invoice_paid,
+    stripe_invoice_paid_padded, unique, Behaviour, Gateway, Handler, Options, ADMIN_TOKEN,
+};
+
+/// Options with a 2 KiB body limit: a normal event fits, a padded one does not.
+fn small_body_limit() -> Options {
+    Options {
+        body_limit: Some("2KiB"),
+        ..Options::default()
+    }
+}
+
+/// Checks a refusal: its status and code, its history record, and that nothing was queued.
+async fn assert_refused(gw: &Gateway, reply: (u16, Value), status: u16, code: &str) {
+    let (got_status, body) = reply;
+    assert_eq!(got_status, status, "{body}");
+    assert_eq!(body["code"], code, "{body}");
+    assert!(body["message"].is_string(), "{body}");
+    let rejected = gw.requests("verdict=rejected").await;
+    let newest = rejected.first().expect("the refusal is in history");
+    assert_eq!(newest["reason"], code, "{newest}");
+    assert_eq!(newest["status"], status, "{newest}");
+    assert_eq!(newest["keys"], json!([]), "{newest}");
+    assert!(gw.deliveries("").await.is_empty(), "nothing was queued");
+    assert!(
+        gw.requests("verdict=accepted").await.is_empty(),
+        "nothing was claimed"
+    );
+}
+
+/// Sends the genuine Stripe event `event_id` and checks it is new, queued once and delivered.
+async fn assert_genuine_event_is_accepted(gw: &Gateway, handler: &Handler, event_id: &str) {
+    let key = format!("stripe:{event_id}");
+    let body = stripe_invoice_paid(event_id, 5000);
+    let (status, json) = gw
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "accepted", "{json}");
+    assert_eq!(json["events"][0]["claim"], "new", "{json}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(
+        gw.deliveries("").await.len(),
+        1,
+        "only the genuine event was queued"
+    );
+    assert_eq!(handler.count_for(&key), 1);
+    assert_eq!(handler.received_for(&key)[0].body, body);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_source_is_refused_with_404_and_claims_nothing() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_nowhere");
+    let body = stripe_invoice_paid(&event_id, 5000);
+
+    let reply = gw.post("strype", &stripe_headers(&body), body).await;
+    assert_refused(&gw, reply, 404, "unknown_source").await;
+    assert_eq!(gw.requests("verdict=rejected").await[0]["source"], "strype");
+    assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_declared_over_the_limit_is_refused_with_413_before_it_is_sent() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(&handler, small_body_limit()).await;
+    let event_id = unique("evt_large");
+    let large = stripe_invoice_paid_padded(&event_id, 5000, 64 * 1024);
+    let signature = header(&stripe_headers(&large), "stripe-signature").to_owned();
+
+    // Content-Length says 64 KiB; only the first 100 bytes are ever sent, and the answer
+    // must come anyway (the gateway's body timeout is 60 s, the wait 30 s).
+    let head = format!(
+        "POST /in/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Stripe-Signature: {signature}\r\nContent-Length: {}",
+        large.len()
+    );
+    let reply = raw_post(gw.ingest().addr(), &head, &[&large[..100]]).await;
+    assert_refused(&gw, reply, 413, "body_too_large").await;
+
+    // An ordinary client sending the whole body gets the same answer.
+    let reply = gw.post("stripe", &stripe_headers(&large), large).await;
+    assert_refused(&gw, reply, 413, "body_too_large").await;
+
+    let rejected = gw.requests("verdict=rejected").await;
+    let (_, detail) = gw
+        .admin_get(&format!(
+            "/v1/requests/{}",
+            rejected[0]["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(detail["body_truncated"], true, "{detail}");
+    assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunked_body_crossing_the_limit_is_refused_with_413_without_reading_the_rest() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(&handler, small_body_limit()).await;
+    let event_id = unique("evt_chunked");
+    let large = stripe_invoice_paid_padded(&event_id, 5000, 64 * 1024);
+    let signature = header(&stripe_headers(&large), "stripe-signature").to_owned();
+
+    // Six 512-byte chunks (3 KiB, past the 2 KiB limit) and never the end of the body.
+    let chunks: Vec<Vec<u8>> = large
+        .chunks(512)
+        .take(6)
+        .map(|c| [format!("{:x}\r\n", c.len()).as_bytes(), c, b"\r\n"].concat())
+        .collect();
+    let parts: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    let head = format!(
+        "POST /in/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Stripe-Signature: {signature}\r\nTransfer-Encoding: chunked"
+    );
+    let reply = raw_post(gw.ingest().addr(), &head, &parts).await;
+    assert_refused(&gw, reply, 413, "body_too_large").await;
+    assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validly_signed_stripe_body_that_is_not_json_is_refused_with_400() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_form");
+    let body =
+        format!("id={event_id}&type=invoice.payment_succeeded&amount_paid=5000").into_bytes();
+
+    let reply = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_refused(&gw, reply, 400, "invalid_json").await;
+    assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validly_signed_stripe_event_without_an_id_is_refused_with_400() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let body = br#"{"object":"event","type":"invoice.payment_succeeded","data":{"object":{"amount_paid":5000}}}"#;
+
+    let reply = gw
+        .post("stripe", &stripe_headers(body), body.to_vec())
+        .await;
+    assert_refused(&gw, reply, 400, "missing_event_key").await;
+    assert_genuine_event_is_accepted(&gw, &handler, &unique("evt_keyed")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_validly_signed_github_delivery_without_its_delivery_id_is_refused_with_400() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let delivery_id = unique("72d3162e-cc78-11e3-81ab");
+    let body = br#"{"ref":"refs/heads/main","before":"6113728f","after":"59b20b8d","repository":{"full_name":"octo/hello"}}"#;
+    let signed = github_headers(body, &delivery_id);
+    let without_id: Vec<(String, String)> = signed
+        .iter()
+        .filter(|(name, _)| !name.eq_ignore_ascii_case("x-github-delivery"))
+        .cloned()
+        .collect();
+    assert_eq!(without_id.len(), signed.len() - 1);
+
+    let reply = gw.post("github", &without_id, body.to_vec()).await;
+    assert_refused(&gw, reply, 400, "missing_event_key").await;
+
+    // The same delivery with its id is new and forwarded under github:<delivery id>.
+    let (status, json) = gw.post("github", &signed, body.to_vec()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    let key = format!("github:{delivery_id}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(handler.count_for(&key), 1);
+    assert_eq!(
+        handler.received_for(&key)[0].header("x-github-event"),
+        "push"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_key_with_a_different_body_is_held_as_a_conflict_and_not_forwarded() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_conflict");
+    let key = format!("stripe:{event_id}");
+    let original = stripe_invoice_paid(&event_id, 5000);
+    let altered = stripe_invoice_paid(&event_id, 6000);
+
+    let (status, first) = gw
+        .post("stripe", &stripe_headers(&original), original.clone())
+        .await;
+    assert_eq!((status, first["status"].as_str()), (200, Some("accepted")));
+    gw.wait_for_delivery_state(&key, "delivered").await;
+
+    let (status, json) = gw.post("stripe", &stripe_headers(&altered), altered).await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "conflict", "{json}");
+    assert_eq!(json["events"][0]["claim"], "conflict", "{json}");
+    assert_eq!(json["events"][0]["first_request"], first["request_id"]);
+
+    let conflicts = gw.requests("verdict=conflict").await;
+    assert_eq!(conflicts.len(), 1, "{conflicts:#?}");
+    assert_eq!(conflicts[0]["keys"], json!([event_id]));
+    assert_eq!(conflicts[0]["id"], json["request_id"]);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("hooklatch_conflicts_total{") && l.contains("source=\"stripe\"")),
+        "no hooklatch_conflicts_total in /metrics:\n{metrics}"
+    );
+
+    // No outbox row for the conflict; a later event is delivered and the conflict still is not.
+    assert_eq!(gw.deliveries_for(&key).await.len(), 1);
+    let later_id = unique("evt_after_conflict");
+    let later = stripe_invoice_paid(&later_id, 100);
+    let (status, _) = gw.post("stripe", &stripe_headers(&later), later).await;
+    assert_eq!(status, 200);
+    gw.wait_for_delivery_state(&format!("stripe:{later_id}"), "delivered")
+        .await;
+    assert_eq!(handler.count_for(&key), 1, "the conflict was not forwarded");
+    assert_eq!(handler.received_for(&key)[0].body, original);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_refuses_every_request_without_its_bearer_token() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+
+    let protected = [
+        (Method::GET, "/v1/requests"),
+        (Method::GET, "/v1/requests/req_1"),
+        (Method::GET, "/v1/deliveries"),
+        (Method::POST, "/v1/deliveries/dlv_1/retry"),
+        (Method::GET, "/metrics"),
+    ];
+    let wrong = "e2e-wrong-token-0123456789abcdef";
+    for (method, path) in &protected {
+        for token in [None, Some(wrong), Some("")] {
+            let res = gw.admin_response(method.clone(), path, token).await;
+            assert_eq!(res.status(), 401, "{method} {path} with {token:?}");
+            assert_eq!(
+                res.headers().get("www-authenticate").map(|v| v.as_bytes()),
+                Some(&b"Bearer"[..])
+            );
+            let body: Value = res.json().await.expect("a JSON error");
+            assert_eq!(body["code"], "unauthorized", "{method} {path}: {body}");
+        }
+    }
+    // The right token opens them; the probes need none.
+    let (status, _) = gw.admin_get("/v1/deliveries").await;
+    assert_eq!(status, 200);
+    for probe in ["/healthz", "/readyz"] {
+        let res = gw.admin_response(Method::GET, probe, None).await;
+        assert_eq!(res.status(), 200, "{probe}");
+    }
+    let res = gw
+        .admin_response(Method::GET, "/v1/deliveries", Some(&ADMIN_TOKEN[1..]))
+        .await;
+    assert_eq!(res.status(), 401, "a prefix of the token is not the token");
+}

@@ -1,0 +1,149 @@
+//! Delivery retries, the dead-letter and redrive, `Retry-After`, and redirects.
+//!
+//! Proves that a destination failing three times then succeeding sees exactly four attempts,
+//! numbered 1 to 4 and all with the same Idempotency-Key, and that the admin API shows the
+//! delivery delivered with those four attempts; that a destination that always fails gets
+//! exactly `max_attempts` attempts before the dead-letter, and that a retry through the admin
+//! API then delivers it with the same key (a second retry is refused: it is not dead); that a
+//! `Retry-After` is honoured as a floor on the next attempt; and that a redirect is a failure,
+//! never followed.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{
+    stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler, Options,
+};
+
+/// Sends a fresh Stripe event; returns its Idempotency-Key.
+async fn send_event(gw: &Gateway, prefix: &str) -> String {
+    let event_id = unique(prefix);
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    format!("stripe:{event_id}")
+}
+
+/// The `status` of each attempt in a delivery's history, and their numbers.
+fn history(row: &Value) -> (Vec<Option<u64>>, Vec<u64>) {
+    let attempts = row["history"].as_array().expect("history");
+    (
+        attempts.iter().map(|a| a["status"].as_u64()).collect(),
+        attempts
+            .iter()
+            .map(|a| a["number"].as_u64().expect("number"))
+            .collect(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_failing_three_times_then_succeeding_gets_four_attempts_with_one_key() {
+    let handler = Handler::start(Behaviour::FailFirst(3)).await;
+    let gw = Gateway::start(&handler).await;
+    let key = send_event(&gw, "evt_flaky").await;
+
+    let row = gw.wait_for_delivery_state(&key, "delivered").await;
+    let received = handler.received();
+    assert_eq!(received.len(), 4, "{received:#?}");
+    assert!(received
+        .iter()
+        .all(|r| r.key.as_deref() == Some(key.as_str())));
+    let numbers: Vec<Option<u32>> = received.iter().map(|r| r.attempt).collect();
+    assert_eq!(numbers, [Some(1), Some(2), Some(3), Some(4)]);
+    assert!(received.windows(2).all(|w| w[0].body == w[1].body));
+
+    assert_eq!(row["attempts"], 4, "{row:#}");
+    let (statuses, numbers) = history(&row);
+    assert_eq!(statuses, [Some(500), Some(500), Some(500), Some(200)]);
+    assert_eq!(numbers, [1, 2, 3, 4]);
+    assert_eq!(row["last_error"], "HTTP 500", "{row:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_always_failing_is_dead_lettered_after_max_attempts_and_redrive_delivers_it()
+{
+    let handler = Handler::start(Behaviour::AlwaysFail).await;
+    let options = Options {
+        max_attempts: 3,
+        ..Options::default()
+    };
+    let gw = Gateway::start_with(&handler, options).await;
+    let key = send_event(&gw, "evt_doomed").await;
+
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    assert_eq!(handler.count_for(&key), 3, "exactly max_attempts attempts");
+    let listed = gw.deliveries("state=dead").await;
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0]["id"], dead["id"]);
+    assert_eq!(listed[0]["last_error"], "HTTP 500");
+    assert_eq!(listed[0]["attempts"], 3);
+    assert_eq!(history(&listed[0]).0, [Some(500); 3]);
+    let id = dead["id"].as_str().expect("a delivery id").to_owned();
+
+    handler.set_behaviour(Behaviour::AlwaysOk);
+    let (status, json) = gw.admin_post(&format!("/v1/deliveries/{id}/retry")).await;
+    assert_eq!(status, 202, "{json}");
+    assert_eq!(json["state"], "pending", "{json}");
+
+    let row = gw.wait_for_delivery_state(&key, "delivered").await;
+    let received = handler.received_for(&key);
+    assert_eq!(received.len(), 4, "{received:#?}");
+    // A redrive starts a new round of attempts; the key is the one every attempt carried.
+    assert_eq!(received[3].attempt, Some(1));
+    let (statuses, numbers) = history(&row);
+    assert_eq!(statuses, [Some(500), Some(500), Some(500), Some(200)]);
+    assert_eq!(numbers, [1, 2, 3, 4]);
+
+    let (status, json) = gw.admin_post(&format!("/v1/deliveries/{id}/retry")).await;
+    assert_eq!(status, 409, "{json}");
+    assert_eq!(json["code"], "not_dead_lettered", "{json}");
+    let (status, json) = gw.admin_post("/v1/deliveries/dlv_999999/retry").await;
+    assert_eq!(status, 404, "{json}");
+    assert_eq!(handler.count_for(&key), 4, "a refused retry sends nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_from_the_destination_is_a_floor_on_the_next_attempt() {
+    let handler = Handler::start(Behaviour::TooManyRequestsOnce).await;
+    // Without Retry-After the next attempt would come 100 ms later (no jitter).
+    let gw = Gateway::start(&handler).await;
+    let key = send_event(&gw, "evt_throttled").await;
+
+    let row = gw.wait_for_delivery_state(&key, "delivered").await;
+    let received = handler.received_for(&key);
+    assert_eq!(received.len(), 2, "{received:#?}");
+    let gap = received[1].at.duration_since(received[0].at);
+    // Retry-After: 1 (s); the store keeps times in whole milliseconds, hence the 10 ms slack.
+    assert!(
+        gap >= Duration::from_millis(990),
+        "second attempt came {gap:?} after the first, before Retry-After allowed"
+    );
+    assert_eq!(history(&row).0, [Some(429), Some(200)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_from_the_destination_is_a_failure_and_is_not_followed() {
+    let handler = Handler::start(Behaviour::AlwaysRedirect).await;
+    let options = Options {
+        max_attempts: 2,
+        ..Options::default()
+    };
+    let gw = Gateway::start_with(&handler, options).await;
+    let key = send_event(&gw, "evt_redirected").await;
+
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    assert_eq!(history(&dead).0, [Some(302), Some(302)]);
+    let error = dead["last_error"].as_str().unwrap_or("");
+    assert!(error.contains("redirects are not followed"), "{dead:#}");
+    let received = handler.received();
+    assert_eq!(received.len(), 2, "{received:#?}");
+    assert!(
+        received.iter().all(|r| r.path == "/webhooks"),
+        "the Location was never requested: {received:#?}"
+    );
+}

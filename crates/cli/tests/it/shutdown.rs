@@ -1,0 +1,42 @@
+//! Graceful shutdown on SIGTERM.
+//!
+//! Proves that an idle gateway exits with status 0 soon after SIGTERM, and that what it had
+//! claimed lives on disk, not in its memory: after a restart on the same file, a replay of an
+//! event delivered before the shutdown is answered as a duplicate and not forwarded again.
+
+use crate::support::{stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_idle_makes_the_gateway_exit_with_status_0() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start(&handler).await;
+
+    gw.sigterm();
+    let status = gw.wait_exit().await;
+    assert!(status.success(), "exit status {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_claimed_before_sigterm_is_still_a_duplicate_after_restart() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_restart");
+    let key = format!("stripe:{event_id}");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let (status, json) = gw
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("accepted")));
+    gw.wait_for_delivery_state(&key, "delivered").await;
+
+    gw.sigterm();
+    let status = gw.wait_exit().await;
+    assert!(status.success(), "exit status {status}");
+    gw.restart().await;
+
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "duplicate", "{json}");
+    assert_eq!(gw.deliveries_for(&key).await.len(), 1);
+    assert_eq!(handler.count_for(&key), 1);
+}

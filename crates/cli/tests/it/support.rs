@@ -1,0 +1,985 @@
+//! Helpers for the end-to-end tests: a real `hooklatch serve` process ([`Gateway`]), a real
+//! HTTP destination that records what it receives ([`Handler`]), provider signers, and
+//! [`wait_until`] / [`eventually`], which poll a condition up to a deadline instead of sleeping.
+//!
+//! Each [`Gateway`] owns a temp dir holding its config, its SQLite file and its log. The child
+//! runs with `RUST_LOG=warn` and its output goes to `gateway.log` in that dir; when a test
+//! fails, the log's tail is printed. `TEST_LOG=1` lets the child log to the terminal instead.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use bytes::Bytes;
+use hooklatch_core::provider::{GitHub, SignRequest, Stripe};
+use hooklatch_core::{ProviderAdapter, Secret, Timestamp};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::task::JoinHandle;
+
+/// The admin bearer token every test gateway runs with.
+pub const ADMIN_TOKEN: &str = "e2e-admin-token-0123456789abcdef";
+/// The Stripe source's endpoint secret.
+pub const STRIPE_SECRET: &str = "whsec_e2e_stripe_endpoint_secret_0123";
+/// The GitHub source's webhook secret.
+pub const GITHUB_SECRET: &str = "e2e github webhook secret";
+/// How long any awaited condition may take before the test fails.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+/// How often a condition is polled.
+const POLL: Duration = Duration::from_millis(25);
+
+// ---------------------------------------------------------------------------------------------
+// Waiting
+
+/// Polls `cond` until it holds, failing the test after `deadline`.
+pub async fn wait_until_within(what: &str, deadline: Duration, mut cond: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !cond() {
+        assert!(
+            started.elapsed() < deadline,
+            "timed out after {deadline:?} waiting until {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Polls `cond` until it holds, failing the test after [`DEADLINE`].
+pub async fn wait_until(what: &str, cond: impl FnMut() -> bool) {
+    wait_until_within(what, DEADLINE, cond).await
+}
+
+/// Polls an async condition until it holds, failing the test after `deadline`.
+pub async fn eventually_within(
+    what: &str,
+    deadline: Duration,
+    mut cond: impl AsyncFnMut() -> bool,
+) {
+    let started = Instant::now();
+    while !cond().await {
+        assert!(
+            started.elapsed() < deadline,
+            "timed out after {deadline:?} waiting until {what}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Polls an async condition until it holds, failing the test after [`DEADLINE`].
+pub async fn eventually(what: &str, cond: impl AsyncFnMut() -> bool) {
+    eventually_within(what, DEADLINE, cond).await
+}
+
+/// A port that was free a moment ago (the gateway binds it; a clash is retried by [`Gateway`]).
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Provider signing
+
+/// A realistic Stripe `invoice.payment_succeeded` event, pretty-printed the way Stripe sends it
+/// (so a gateway that re-serialized the JSON would change the bytes).
+pub fn stripe_invoice_paid(event_id: &str, amount_paid: u64) -> Vec<u8> {
+    stripe_invoice_paid_padded(event_id, amount_paid, 0)
+}
+
+/// [`stripe_invoice_paid`] with a metadata note of `padding` bytes, to make bodies larger.
+pub fn stripe_invoice_paid_padded(event_id: &str, amount_paid: u64, padding: usize) -> Vec<u8> {
+    let note = "x".repeat(padding);
+    format!(
+        r#"{{
+  "id": "{event_id}",
+  "object": "event",
+  "api_version": "2024-06-20",
+  "created": 1733140800,
+  "data": {{
+    "object": {{
+      "id": "in_1QRn2bLkdIwHu7ix0Gkq5ZxY",
+      "object": "invoice",
+      "amount_due": {amount_paid},
+      "amount_paid": {amount_paid},
+      "amount_remaining": 0,
+      "currency": "eur",
+      "customer": "cus_R9x8fP2mLq4TzN",
+      "customer_name": "Zoë Müller — Café ☕",
+      "paid": true,
+      "status": "paid",
+      "metadata": {{ "note": "{note}" }}
+    }}
+  }},
+  "livemode": false,
+  "pending_webhooks": 1,
+  "request": {{ "id": null, "idempotency_key": null }},
+  "type": "invoice.payment_succeeded"
+}}
+"#
+    )
+    .into_bytes()
+}
+
+/// The headers Stripe sends with `body`, signed now (Stripe re-signs every retry).
+pub fn stripe_headers(body: &[u8]) -> Vec<(String, String)> {
+    stripe_headers_signed(body, STRIPE_SECRET, Timestamp::now())
+}
+
+/// The headers Stripe would send with `body`, signed with `secret` at `at`.
+pub fn stripe_headers_signed(body: &[u8], secret: &str, at: Timestamp) -> Vec<(String, String)> {
+    let secret = Secret::from_text(secret);
+    let mut headers = vec![(
+        "content-type".to_owned(),
+        "application/json; charset=utf-8".to_owned(),
+    )];
+    headers.extend(Stripe.sign(&SignRequest {
+        body,
+        secret: &secret,
+        now: at,
+        event_key: "",
+        event_type: None,
+        // Stripe does not sign the URL.
+        url: "",
+    }));
+    headers
+}
+
+/// The headers GitHub sends with `body` for delivery `delivery_id` of a `push` event.
+pub fn github_headers(body: &[u8], delivery_id: &str) -> Vec<(String, String)> {
+    let secret = Secret::from_text(GITHUB_SECRET);
+    let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+    headers.extend(GitHub.sign(&SignRequest {
+        body,
+        secret: &secret,
+        now: Timestamp::now(),
+        event_key: delivery_id,
+        event_type: Some("push"),
+        // GitHub does not sign the URL.
+        url: "",
+    }));
+    headers
+}
+
+/// The value of header `name` (case-insensitive) in a list of headers.
+pub fn header<'a>(headers: &'a [(String, String)], name: &str) -> &'a str {
+    headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+        .unwrap_or_else(|| panic!("no {name} header in {headers:?}"))
+}
+
+/// A process-unique suffix for event ids, so no two tests (or runs) share one.
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!(
+        "{prefix}_{}_{n}_{}",
+        std::process::id(),
+        Timestamp::now().as_millis()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The destination
+
+/// How the [`Handler`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Behaviour {
+    /// 200 to everything.
+    AlwaysOk,
+    /// 500 to the first N deliveries of each Idempotency-Key, then 200.
+    FailFirst(usize),
+    /// 500 to everything.
+    AlwaysFail,
+    /// 429 with `Retry-After: 1` to the first delivery of each key, then 200.
+    TooManyRequestsOnce,
+    /// 302 to `/followed` on this same server (which would answer 200) for everything.
+    AlwaysRedirect,
+}
+
+/// One request the handler received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The request path.
+    pub path: String,
+    /// `Idempotency-Key`, if sent.
+    pub key: Option<String>,
+    /// `hooklatch-attempt`, if sent and numeric.
+    pub attempt: Option<u32>,
+    /// Every header as received.
+    pub headers: HeaderMap,
+    /// The body, byte-exact.
+    pub body: Bytes,
+    /// When it arrived.
+    pub at: Instant,
+}
+
+impl Received {
+    /// A header's value as text ("" when absent).
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+}
+
+struct HandlerState {
+    received: Mutex<Vec<Received>>,
+    behaviour: Mutex<Behaviour>,
+    base: String,
+}
+
+/// A real HTTP destination on 127.0.0.1 that records every request and answers as told.
+pub struct Handler {
+    state: Arc<HandlerState>,
+    task: JoinHandle<()>,
+}
+
+impl Handler {
+    /// Starts a handler on an ephemeral loopback port.
+    pub async fn start(behaviour: Behaviour) -> Handler {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the handler");
+        let addr = listener.local_addr().expect("handler address");
+        let state = Arc::new(HandlerState {
+            received: Mutex::new(Vec::new()),
+            behaviour: Mutex::new(behaviour),
+            base: format!("http://{addr}"),
+        });
+        let app = Router::new().fallback(record).with_state(state.clone());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app).await.expect("handler server");
+        });
+        Handler { state, task }
+    }
+
+    /// The URL deliveries should go to.
+    pub fn url(&self) -> String {
+        format!("{}/webhooks", self.state.base)
+    }
+
+    /// Changes how later requests are answered.
+    pub fn set_behaviour(&self, behaviour: Behaviour) {
+        *self.state.behaviour.lock().expect("behaviour lock") = behaviour;
+    }
+
+    /// Everything received so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().expect("received lock").clone()
+    }
+
+    /// The deliveries that carried `Idempotency-Key: key`, in arrival order.
+    pub fn received_for(&self, key: &str) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| r.key.as_deref() == Some(key))
+            .collect()
+    }
+
+    /// How many deliveries carried `Idempotency-Key: key`.
+    pub fn count_for(&self, key: &str) -> usize {
+        let received = self.state.received.lock().expect("received lock");
+        received
+            .iter()
+            .filter(|r| r.key.as_deref() == Some(key))
+            .count()
+    }
+
+    /// The distinct Idempotency-Keys seen.
+    pub fn distinct_keys(&self) -> HashSet<String> {
+        let received = self.state.received.lock().expect("received lock");
+        received.iter().filter_map(|r| r.key.clone()).collect()
+    }
+
+    /// How many requests arrived in all.
+    pub fn total(&self) -> usize {
+        self.state.received.lock().expect("received lock").len()
+    }
+}
+
+impl Drop for Handler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn record(
+    State(state): State<Arc<HandlerState>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let attempt = headers
+        .get("hooklatch-attempt")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let behaviour = *state.behaviour.lock().expect("behaviour lock");
+    let earlier = {
+        let mut received = state.received.lock().expect("received lock");
+        let earlier = received.iter().filter(|r| r.key == key).count();
+        received.push(Received {
+            path: uri.path().to_owned(),
+            key,
+            attempt,
+            headers,
+            body,
+            at: Instant::now(),
+        });
+        earlier
+    };
+    if uri.path() == "/followed" {
+        return StatusCode::OK.into_response();
+    }
+    match behaviour {
+        Behaviour::AlwaysOk => StatusCode::OK.into_response(),
+        Behaviour::FailFirst(n) if earlier < n => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Behaviour::FailFirst(_) => StatusCode::OK.into_response(),
+        Behaviour::AlwaysFail => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Behaviour::TooManyRequestsOnce if earlier == 0 => {
+            (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response()
+        }
+        Behaviour::TooManyRequestsOnce => StatusCode::OK.into_response(),
+        Behaviour::AlwaysRedirect => (
+            StatusCode::FOUND,
+            [("location", format!("{}/followed", state.base))],
+        )
+            .into_response(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gateway
+
+/// Per-test settings written into the gateway's config file.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `server.body_limit`, when not the default.
+    pub body_limit: Option<&'static str>,
+    /// `?max_page_count=N` on the store URL.
+    pub max_page_count: Option<u64>,
+    /// The destination's `max_attempts`.
+    pub max_attempts: u32,
+    /// The destination's `initial_backoff`.
+    pub initial_backoff: &'static str,
+    /// The destination's `max_backoff`.
+    pub max_backoff: &'static str,
+    /// The destination's `jitter`.
+    pub jitter: f64,
+    /// The destination's per-attempt `timeout`; a dead worker's leases expire after twice this
+    /// plus 10 s.
+    pub timeout: &'static str,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            body_limit: None,
+            max_page_count: None,
+            max_attempts: 12,
+            initial_backoff: "100ms",
+            max_backoff: "500ms",
+            jitter: 0.0,
+            timeout: "10s",
+        }
+    }
+}
+
+/// A client for `POST /in/{source}`; cheap to clone into sender tasks.
+#[derive(Clone)]
+pub struct Ingest {
+    client: reqwest::Client,
+    base: String,
+    addr: SocketAddr,
+}
+
+impl Ingest {
+    /// POSTs `body` with `headers` to `/in/{source}`; panics on a transport error.
+    pub async fn post(
+        &self,
+        source: &str,
+        headers: &[(String, String)],
+        body: impl Into<Vec<u8>>,
+    ) -> (u16, Value) {
+        self.try_post(source, headers, body)
+            .await
+            .unwrap_or_else(|err| panic!("POST /in/{source} failed: {err}"))
+    }
+
+    /// POSTs and returns the status and JSON body, or the transport error.
+    pub async fn try_post(
+        &self,
+        source: &str,
+        headers: &[(String, String)],
+        body: impl Into<Vec<u8>>,
+    ) -> reqwest::Result<(u16, Value)> {
+        let res = self.send(source, headers, body).await?;
+        let status = res.status().as_u16();
+        let bytes = res.bytes().await?;
+        Ok((
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        ))
+    }
+
+    /// POSTs and returns the whole response.
+    pub async fn send(
+        &self,
+        source: &str,
+        headers: &[(String, String)],
+        body: impl Into<Vec<u8>>,
+    ) -> reqwest::Result<reqwest::Response> {
+        let mut req = self
+            .client
+            .post(format!("{}/in/{source}", self.base))
+            .body(body.into());
+        for (name, value) in headers {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        req.send().await
+    }
+
+    /// The ingest listener's address, for raw HTTP.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// A running `hooklatch serve` with its own temp dir, SQLite file and ports.
+pub struct Gateway {
+    dir: tempfile::TempDir,
+    options: Options,
+    destination_url: String,
+    ingest_port: u16,
+    admin_port: u16,
+    /// Shared with any [`KillSwitch`], so a sender task can kill at an exact moment.
+    child: Arc<Mutex<Option<Child>>>,
+    ingest: Ingest,
+    admin: reqwest::Client,
+}
+
+impl Gateway {
+    /// Starts a gateway delivering to `handler` with default [`Options`].
+    pub async fn start(handler: &Handler) -> Gateway {
+        Gateway::start_with(handler, Options::default()).await
+    }
+
+    /// Starts a gateway delivering to `handler`, waiting until `/readyz` says 200.
+    pub async fn start_with(handler: &Handler, options: Options) -> Gateway {
+        let dir = tempfile::Builder::new()
+            .prefix("hooklatch-e2e-")
+            .tempdir()
+            .expect("creating a temp dir");
+        let mut gateway = Gateway {
+            dir,
+            options,
+            destination_url: handler.url(),
+            ingest_port: 0,
+            admin_port: 0,
+            child: Arc::new(Mutex::new(None)),
+            ingest: Ingest {
+                client: client(),
+                base: String::new(),
+                addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+            },
+            admin: client(),
+        };
+        gateway.spawn_ready(true).await;
+        gateway
+    }
+
+    fn config_path(&self) -> PathBuf {
+        self.dir.path().join("hooklatch.toml")
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("gateway.log")
+    }
+
+    fn write_config(&self) {
+        let o = &self.options;
+        let db = self.dir.path().join("hooklatch.db");
+        let mut store_url = format!("sqlite://{}", db.display());
+        if let Some(pages) = o.max_page_count {
+            write!(store_url, "?max_page_count={pages}").expect("writing to a string");
+        }
+        let body_limit = o
+            .body_limit
+            .map(|l| format!("body_limit = \"{l}\"\n"))
+            .unwrap_or_default();
+        let config = format!(
+            r#"[server]
+listen = "127.0.0.1:{ingest}"
+admin_listen = "127.0.0.1:{admin}"
+admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
+body_timeout = "60s"
+shutdown_grace = "5s"
+{body_limit}
+[store]
+url = "{store_url}"
+
+[delivery]
+concurrency = 16
+poll_interval = "100ms"
+
+[[sources]]
+name = "stripe"
+provider = "stripe"
+secrets = ["env:E2E_STRIPE_SECRET"]
+destinations = ["app"]
+
+[[sources]]
+name = "github"
+provider = "github"
+secrets = ["env:E2E_GITHUB_SECRET"]
+destinations = ["app"]
+
+[[destinations]]
+name = "app"
+url = "{url}"
+timeout = "{timeout}"
+max_attempts = {max_attempts}
+initial_backoff = "{initial_backoff}"
+max_backoff = "{max_backoff}"
+jitter = {jitter:?}
+"#,
+            ingest = self.ingest_port,
+            admin = self.admin_port,
+            url = self.destination_url,
+            timeout = o.timeout,
+            max_attempts = o.max_attempts,
+            initial_backoff = o.initial_backoff,
+            max_backoff = o.max_backoff,
+            jitter = o.jitter,
+        );
+        std::fs::write(self.config_path(), config).expect("writing the config");
+    }
+
+    /// Spawns the process and waits for readiness; picks fresh ports and tries again if one
+    /// was taken in the meantime. `new_ports` picks ports even on the first try.
+    async fn spawn_ready(&mut self, mut new_ports: bool) {
+        for _ in 0..5 {
+            if new_ports {
+                self.ingest_port = free_port();
+                self.admin_port = free_port();
+                while self.admin_port == self.ingest_port {
+                    self.admin_port = free_port();
+                }
+            }
+            self.write_config();
+            let log_offset = std::fs::metadata(self.log_path()).map_or(0, |m| m.len());
+            let child = self.spawn();
+            *self.child.lock().expect("child lock") = Some(child);
+            self.ingest = Ingest {
+                client: client(),
+                base: format!("http://127.0.0.1:{}", self.ingest_port),
+                addr: SocketAddr::from(([127, 0, 0, 1], self.ingest_port)),
+            };
+            self.admin = client();
+            match self.wait_ready().await {
+                Ok(()) => return,
+                Err(exit) => {
+                    let log = self.log_since(log_offset);
+                    if log.contains("binding server.") {
+                        new_ports = true;
+                        continue;
+                    }
+                    panic!("hooklatch serve exited before it was ready ({exit}):\n{log}");
+                }
+            }
+        }
+        panic!("hooklatch serve could not bind its ports in 5 tries");
+    }
+
+    fn spawn(&self) -> Child {
+        let test_log = std::env::var_os("TEST_LOG").is_some();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_hooklatch"));
+        cmd.arg("serve")
+            .arg("--config")
+            .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null());
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("HOOKLATCH_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("E2E_STRIPE_SECRET", STRIPE_SECRET)
+            .env("E2E_GITHUB_SECRET", GITHUB_SECRET);
+        if test_log {
+            cmd.env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned()),
+            );
+        } else {
+            let log = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.log_path())
+                .expect("opening the gateway log");
+            let log_err = log.try_clone().expect("cloning the log handle");
+            cmd.env("RUST_LOG", "warn")
+                .stdout(Stdio::from(log))
+                .stderr(Stdio::from(log_err));
+        }
+        cmd.spawn().expect("spawning hooklatch serve")
+    }
+
+    /// Waits until `/readyz` answers 200; `Err` with the exit status if the process exits.
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let started = Instant::now();
+        let url = format!("http://127.0.0.1:{}/readyz", self.admin_port);
+        loop {
+            if let Some(status) = self.try_wait() {
+                return Err(status.to_string());
+            }
+            if let Ok(res) = self.admin.get(&url).send().await {
+                if res.status() == StatusCode::OK {
+                    return Ok(());
+                }
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "hooklatch serve was not ready after {DEADLINE:?}:\n{}",
+                self.log_tail(60)
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// A client handle for `/in/{source}`, valid until the next restart.
+    pub fn ingest(&self) -> Ingest {
+        self.ingest.clone()
+    }
+
+    /// POSTs to `/in/{source}`; returns the status and JSON body.
+    pub async fn post(
+        &self,
+        source: &str,
+        headers: &[(String, String)],
+        body: impl Into<Vec<u8>>,
+    ) -> (u16, Value) {
+        self.ingest.post(source, headers, body).await
+    }
+
+    /// GETs an admin path with the bearer token.
+    pub async fn admin_get(&self, path: &str) -> (u16, Value) {
+        self.admin_request(reqwest::Method::GET, path, Some(ADMIN_TOKEN))
+            .await
+    }
+
+    /// POSTs to an admin path with the bearer token.
+    pub async fn admin_post(&self, path: &str) -> (u16, Value) {
+        self.admin_request(reqwest::Method::POST, path, Some(ADMIN_TOKEN))
+            .await
+    }
+
+    /// An admin request with the given bearer token (or none).
+    pub async fn admin_request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> (u16, Value) {
+        let res = self.admin_response(method, path, token).await;
+        let status = res.status().as_u16();
+        let bytes = res.bytes().await.expect("reading an admin response");
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// The raw response to an admin request.
+    pub async fn admin_response(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> reqwest::Response {
+        let mut req = self.admin.request(
+            method,
+            format!("http://127.0.0.1:{}{path}", self.admin_port),
+        );
+        if let Some(token) = token {
+            req = req.bearer_auth(token);
+        }
+        req.send()
+            .await
+            .unwrap_or_else(|err| panic!("admin request {path} failed: {err}"))
+    }
+
+    /// `GET /metrics` with the token, as text.
+    pub async fn metrics(&self) -> String {
+        let res = self
+            .admin_response(reqwest::Method::GET, "/metrics", Some(ADMIN_TOKEN))
+            .await;
+        assert_eq!(res.status(), StatusCode::OK, "GET /metrics");
+        res.text().await.expect("reading /metrics")
+    }
+
+    /// `GET /v1/requests?{query}` items (one page of up to 500).
+    pub async fn requests(&self, query: &str) -> Vec<Value> {
+        let (status, body) = self
+            .admin_get(&format!("/v1/requests?limit=500&{query}"))
+            .await;
+        assert_eq!(status, 200, "GET /v1/requests?{query}: {body}");
+        body["items"].as_array().expect("items").clone()
+    }
+
+    /// Every row of `GET /v1/deliveries?{query}`, following the cursor.
+    pub async fn deliveries(&self, query: &str) -> Vec<Value> {
+        let mut all = Vec::new();
+        let mut cursor = String::new();
+        loop {
+            let (status, body) = self
+                .admin_get(&format!("/v1/deliveries?limit=500&{query}{cursor}"))
+                .await;
+            assert_eq!(status, 200, "GET /v1/deliveries?{query}: {body}");
+            all.extend(body["items"].as_array().expect("items").iter().cloned());
+            match body["next_cursor"].as_str() {
+                Some(next) => cursor = format!("&cursor={next}"),
+                None => return all,
+            }
+        }
+    }
+
+    /// The outbox rows carrying `idempotency_key`.
+    pub async fn deliveries_for(&self, idempotency_key: &str) -> Vec<Value> {
+        self.deliveries("")
+            .await
+            .into_iter()
+            .filter(|d| d["idempotency_key"] == idempotency_key)
+            .collect()
+    }
+
+    /// Waits until the one outbox row for `idempotency_key` is in `state`, and returns it.
+    pub async fn wait_for_delivery_state(&self, idempotency_key: &str, state: &str) -> Value {
+        let mut row = Value::Null;
+        eventually(
+            &format!("the delivery of {idempotency_key} is {state}"),
+            async || {
+                let rows = self.deliveries_for(idempotency_key).await;
+                assert!(rows.len() <= 1, "more than one outbox row: {rows:#?}");
+                match rows.into_iter().next() {
+                    Some(r) if r["state"] == state => {
+                        row = r;
+                        true
+                    }
+                    _ => false,
+                }
+            },
+        )
+        .await;
+        row
+    }
+
+    /// The process id of the running gateway.
+    pub fn pid(&self) -> u32 {
+        let child = self.child.lock().expect("child lock");
+        child.as_ref().expect("the gateway is running").id()
+    }
+
+    /// kill -9: the process dies at once, holding whatever it held.
+    pub fn kill9(&mut self) {
+        let child = self.child.lock().expect("child lock").take();
+        if let Some(mut child) = child {
+            // std's Child::kill is SIGKILL on unix (and Ok if a kill switch got there first).
+            child.kill().expect("sending SIGKILL");
+            child.wait().expect("reaping the gateway");
+        }
+    }
+
+    /// A handle that can kill -9 this gateway from any task, the moment it is fired.
+    pub fn kill_switch(&self) -> KillSwitch {
+        KillSwitch(self.child.clone())
+    }
+
+    /// The exit status, if the process has exited (it is then forgotten).
+    fn try_wait(&self) -> Option<ExitStatus> {
+        let mut child = self.child.lock().expect("child lock");
+        let status = child
+            .as_mut()
+            .expect("the gateway is running")
+            .try_wait()
+            .expect("polling the child")?;
+        *child = None;
+        Some(status)
+    }
+
+    /// Sends SIGTERM (the process is left running until it exits by itself).
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status()
+            .expect("running kill -TERM");
+        assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// Waits (bounded) for the process to exit and returns its status.
+    pub async fn wait_exit(&mut self) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.try_wait() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "hooklatch serve did not exit within {DEADLINE:?}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Changes the options the next [`Gateway::restart`] writes into the config.
+    pub fn reconfigure(&mut self, change: impl FnOnce(&mut Options)) {
+        change(&mut self.options);
+    }
+
+    /// The database's size in pages of 4 KiB, counting the WAL (a slight overestimate).
+    pub fn database_pages(&self) -> u64 {
+        let len = |name: &str| std::fs::metadata(self.dir.path().join(name)).map_or(0, |m| m.len());
+        (len("hooklatch.db") + len("hooklatch.db-wal")).div_ceil(4096)
+    }
+
+    /// Starts the gateway again with the same config and database file (kill -9 first if it
+    /// is still running).
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.spawn_ready(false).await;
+    }
+
+    fn log_since(&self, offset: u64) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(self.log_path()) {
+            let _ = file.seek(SeekFrom::Start(offset));
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+
+    /// The last `n` lines of the gateway's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = self.log_since(0);
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "---- hooklatch serve log ({}), last lines ----\n{}\n---- end of log ----",
+                self.log_path().display(),
+                self.log_tail(80)
+            );
+        }
+    }
+}
+
+/// Kills a [`Gateway`]'s process with SIGKILL from wherever it is fired; the gateway reaps it
+/// on its next [`Gateway::kill9`] or [`Gateway::restart`].
+#[derive(Clone)]
+pub struct KillSwitch(Arc<Mutex<Option<Child>>>);
+
+impl KillSwitch {
+    /// kill -9, now.
+    pub fn fire(&self) {
+        if let Some(child) = self.0.lock().expect("child lock").as_mut() {
+            child.kill().expect("sending SIGKILL");
+        }
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(DEADLINE)
+        .build()
+        .expect("building a reqwest client")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Raw HTTP, for bodies a normal client would send whole
+
+/// Writes `head` (request line and headers, without the blank line) and then `body_parts`
+/// to the ingest listener, without finishing the body unless the parts do, and reads the
+/// answer. Returns the status and JSON body.
+pub async fn raw_post(addr: SocketAddr, head: &str, body_parts: &[&[u8]]) -> (u16, Value) {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("connecting to the gateway");
+        stream
+            .write_all(format!("{head}\r\n\r\n").as_bytes())
+            .await
+            .expect("writing the request head");
+        for part in body_parts {
+            // The gateway may answer and close before it reads everything: that is the point.
+            if stream.write_all(part).await.is_err() {
+                break;
+            }
+        }
+        let _ = stream.flush().await;
+        read_response(&mut stream).await
+    };
+    tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .expect("the gateway answered before the body was complete")
+}
+
+async fn read_response(stream: &mut tokio::net::TcpStream) -> (u16, Value) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let header_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = stream.read(&mut chunk).await.expect("reading the response");
+        assert!(n > 0, "connection closed before a response: {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..header_end]).to_string();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let content_length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < header_end + content_length {
+        let n = stream.read(&mut chunk).await.expect("reading the body");
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = &buf[header_end..(header_end + content_length).min(buf.len())];
+    (status, serde_json::from_slice(body).unwrap_or(Value::Null))
+}
