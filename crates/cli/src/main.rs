@@ -2,12 +2,19 @@
 //! turn the outcome into an exit code.
 
 use std::collections::HashMap;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hooklatch::config::{self, LogFormat};
+use hooklatch::admin::{AdminClient, HistoryFilter, DEFAULT_ADMIN_URL};
+use hooklatch::check::{CheckInput, CheckOptions};
+use hooklatch::config::{self, LogFormat, Settings};
+use hooklatch::effect::EffectProbe;
+use hooklatch::replay::{ReplayOptions, SignMode, Signer, Target};
+use hooklatch_core::Timestamp;
 use tokio_util::sync::CancellationToken;
 
 /// hooklatch — an idempotent webhook gateway.
@@ -56,6 +63,53 @@ Examples:
   # What there is to send:
   hooklatch send --list")]
     Send(SendArgs),
+    /// Send a captured delivery again, N times, K at once: at a handler, or through the gateway.
+    #[command(after_help = "\
+Examples:
+  # Request req_42 from the local gateway's history, ten times at once, at your handler,
+  # re-signed with the source's secret from the gateway's config (fresh timestamps):
+  hooklatch replay req_42 --config hooklatch.toml --to http://127.0.0.1:3000/webhooks/stripe --times 10 --concurrency 10
+
+  # The request behind delivery dlv_7, through the gateway's ingest: the first may be
+  # accepted, the rest must come back \"duplicate\":
+  hooklatch replay dlv_7 --config hooklatch.toml --via-gateway --times 5
+
+  # A capture exported from production, on a laptop, signed with a local secret:
+  hooklatch replay prod.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe
+
+  # The bytes exactly as captured (an old Stripe capture is then refused as stale):
+  hooklatch replay prod.json --original --via-gateway --gateway http://127.0.0.1:8080
+
+Ids are looked up on the admin API (--admin, default http://127.0.0.1:8081, or the config's
+server.admin_listen) with --token / HOOKLATCH_ADMIN_TOKEN. Exit status: 0 when every response
+was 2xx, 1 when any was not, 2 when the replay could not run.")]
+    Replay(ReplayArgs),
+    /// The idempotency harness: deliver one event sequentially, concurrently, late and
+    /// conflicting, count the handler's effects, and explain any that are too many.
+    #[command(after_help = "\
+Examples:
+  # A Stripe invoice.payment_succeeded, 10 times in a row, then a fresh one 10 times at once,
+  # then a late replay; the handler's effects counted in its SQLite database:
+  hooklatch check --provider stripe --secret whsec_local_development_only \\
+    --to http://127.0.0.1:3000/webhooks/stripe --times 10 --concurrency 10 \\
+    --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db sqlite://app.db
+
+  # The same against PostgreSQL, plus a conflicting body, in CI (exit status 1 on failure):
+  hooklatch check --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe \\
+    --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db postgres://app@localhost/app --conflict --json
+
+  # A captured production event, effects counted by a command (the key is in $HOOKLATCH_KEY):
+  hooklatch check --capture prod.json --config hooklatch.toml --to http://127.0.0.1:3000/webhooks/stripe \\
+    --effects-cmd 'psql -tA -c \"SELECT count(*) FROM credits WHERE event_id = '\\''$HOOKLATCH_KEY'\\''\" app'
+
+:key is a bind parameter (the event's key, as text), never pasted into the SQL. Exit status: 0
+when every phase passed, 1 when one failed, 2 when the check could not run.")]
+    Check(CheckArgs),
+    /// Work with the gateway's history of events.
+    Events {
+        #[command(subcommand)]
+        command: EventsCommand,
+    },
     /// Check a configuration file (with the environment applied) and exit.
     #[command(after_help = "\
 Examples:
@@ -97,10 +151,201 @@ struct SendArgs {
     list: bool,
 }
 
+#[derive(Debug, Subcommand)]
+enum EventsCommand {
+    /// Write captured requests (byte-exact body, headers, metadata; never a secret) to a
+    /// JSON file that `replay` and `check` read.
+    #[command(after_help = "\
+Examples:
+  # Two requests from the local gateway:
+  hooklatch events export req_41 req_42 --out captures.json
+
+  # The last day's accepted Stripe events (at most 100), providers named from the config:
+  hooklatch events export --source stripe --verdict accepted --since 24h --config hooklatch.toml --out stripe.json
+
+  # Then, anywhere:
+  hooklatch replay stripe.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe
+
+The file holds the provider's signature headers as received (the provider's signature of that
+body, not a secret); Authorization and Cookie headers are left out.")]
+    Export(ExportArgs),
+}
+
+/// Where history comes from: a running gateway's admin API.
+#[derive(Debug, clap::Args)]
+struct AdminArgs {
+    /// The gateway's admin API (default: the config's server.admin_listen, else
+    /// http://127.0.0.1:8081).
+    #[arg(long, value_name = "URL")]
+    admin: Option<String>,
+    /// The admin token (default: the config's server.admin_token).
+    #[arg(long, env = "HOOKLATCH_ADMIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// The gateway's configuration: sources' providers and secrets (for re-signing), its
+    /// listen addresses and admin token.
+    #[arg(short, long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// How requests are signed.
+#[derive(Debug, clap::Args)]
+struct SigningArgs {
+    /// Sign every request afresh (new timestamp) with the source's secret [default when a
+    /// secret is known].
+    #[arg(long, conflicts_with = "original")]
+    resign: bool,
+    /// Send the headers exactly as captured [default without a secret].
+    #[arg(long)]
+    original: bool,
+    /// Sign as this provider (stripe, github, standard-webhooks, …) instead of the config's.
+    #[arg(long, requires = "secret")]
+    provider: Option<String>,
+    /// The signing secret: a literal, env:NAME or file:PATH (Discord: the private key seed).
+    #[arg(long, requires = "provider")]
+    secret: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("target").required(true).args(["to", "via_gateway"]))]
+struct ReplayArgs {
+    /// What to replay: a request id (req_N), a delivery id (dlv_N: its request), or an export
+    /// file.
+    #[arg(value_name = "ID|FILE")]
+    capture: String,
+    /// Send straight at this URL (your handler).
+    #[arg(long, value_name = "URL")]
+    to: Option<String>,
+    /// Send through the gateway's ingest, POST {gateway}/in/{source}.
+    #[arg(long)]
+    via_gateway: bool,
+    /// The gateway's ingest base URL (default: the config's server.listen, else
+    /// http://127.0.0.1:8080).
+    #[arg(long, value_name = "URL", requires = "via_gateway")]
+    gateway: Option<String>,
+    /// Requests in all.
+    #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    times: u32,
+    /// Requests in flight at once.
+    #[arg(long, short = 'k', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// Time between the starts of consecutive requests (250ms, 1s).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "0ms")]
+    delay: Duration,
+    /// Time allowed for one request.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
+    timeout: Duration,
+    /// In an export file with several captures, only this one (its request_id).
+    #[arg(long, value_name = "REQUEST_ID")]
+    request: Option<String>,
+    #[command(flatten)]
+    signing: SigningArgs,
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("input").required(true).args(["provider", "capture"]))]
+struct CheckArgs {
+    /// A test event of this provider (as `hooklatch send` sends), signed with --secret.
+    #[arg(long, requires = "secret")]
+    provider: Option<String>,
+    /// The test event's type (default: the provider's first).
+    #[arg(long, value_name = "TYPE", requires = "provider")]
+    event: Option<String>,
+    /// The first test event's id (default: fresh).
+    #[arg(long, requires = "provider")]
+    id: Option<String>,
+    /// Or a captured event: req_N, dlv_N or an export file.
+    #[arg(long, value_name = "ID|FILE")]
+    capture: Option<String>,
+    /// The signing secret: a literal, env:NAME or file:PATH.
+    #[arg(long)]
+    secret: Option<String>,
+    /// The handler's URL.
+    #[arg(long, value_name = "URL")]
+    to: String,
+    /// Phase 1: deliveries one after another.
+    #[arg(long, short = 'n', default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    times: u32,
+    /// Phase 2: deliveries of a fresh event all at once.
+    #[arg(long, short = 'k', default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    concurrency: u32,
+    /// Phase 3 waits this long after the handler finished before the late replay.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "0s")]
+    late_after: Duration,
+    /// Phase 4: the first event's id with a different body.
+    #[arg(long)]
+    conflict: bool,
+    /// Effects expected per event.
+    #[arg(long, default_value_t = 1)]
+    expect: i64,
+    /// Wait this long after each phase before counting (for handlers that work in background).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "0s")]
+    settle: Duration,
+    /// A query counting the effects of one event; :key is bound to its key.
+    #[arg(
+        long,
+        value_name = "SQL",
+        requires = "db",
+        conflicts_with = "effects_cmd"
+    )]
+    effects_sql: Option<String>,
+    /// The application's database for --effects-sql: sqlite://PATH or postgres://…
+    #[arg(long, value_name = "URL", requires = "effects_sql")]
+    db: Option<String>,
+    /// A shell command printing the effect count; the key is in $HOOKLATCH_KEY.
+    #[arg(long, value_name = "CMD")]
+    effects_cmd: Option<String>,
+    /// Time allowed for one request.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
+    timeout: Duration,
+    #[command(flatten)]
+    admin: AdminArgs,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct ExportArgs {
+    /// Requests (req_N) or deliveries (dlv_N: their request) to export; without any, the
+    /// history matching the filters.
+    #[arg(value_name = "ID")]
+    ids: Vec<String>,
+    /// Only this source.
+    #[arg(long, conflicts_with = "ids")]
+    source: Option<String>,
+    /// Only this verdict: accepted, duplicate, conflict, rejected.
+    #[arg(long, conflicts_with = "ids")]
+    verdict: Option<String>,
+    /// Only requests carrying this event key.
+    #[arg(long, conflicts_with = "ids")]
+    key: Option<String>,
+    /// Only requests received within this long (24h, 7d).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, conflicts_with = "ids")]
+    since: Option<Duration>,
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = 100, conflicts_with = "ids")]
+    limit: usize,
+    /// Write here instead of standard output.
+    #[arg(short, long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+fn duration_arg(s: &str) -> Result<Duration, String> {
+    config::parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration like 250ms, 30s, 10m"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Outcome::Passed) => ExitCode::SUCCESS,
+        Ok(Outcome::Failed) => ExitCode::from(1),
         Err(err) => {
             eprintln!("hooklatch: error: {err:#}");
             ExitCode::from(2)
@@ -108,7 +353,13 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// How a verb that tests something ended: exit status 0 or 1 (errors are 2).
+enum Outcome {
+    Passed,
+    Failed,
+}
+
+fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let env: HashMap<String, String> = std::env::vars().collect();
     match cli.command {
         Command::Serve { config } => {
@@ -122,16 +373,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let cancel = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(cancel.clone()));
                 hooklatch::serve(settings, cancel).await
-            })
+            })?;
+            Ok(Outcome::Passed)
         }
-        Command::Send(args) => send(args, &env),
+        Command::Send(args) => send(args, &env).map(|()| Outcome::Passed),
+        Command::Replay(args) => replay(args, &env),
+        Command::Check(args) => check(args, &env),
+        Command::Events {
+            command: EventsCommand::Export(args),
+        } => export(args, &env).map(|()| Outcome::Passed),
         Command::CheckConfig {
             config,
             print_defaults,
         } => {
             if print_defaults {
                 print!("{}", config::DEFAULT_CONFIG);
-                return Ok(());
+                return Ok(Outcome::Passed);
             }
             let settings = config::load(config.as_deref(), &env)?;
             println!(
@@ -139,7 +396,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 settings.sources.len(),
                 settings.destinations.len()
             );
-            Ok(())
+            Ok(Outcome::Passed)
         }
     }
 }
@@ -235,4 +492,262 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
         anyhow::bail!("the endpoint answered {status}");
     }
     Ok(())
+}
+
+/// Prints a report to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn print_out(text: &str) {
+    use std::io::Write;
+    let _ = std::io::stdout().write_all(text.as_bytes());
+}
+
+/// The runtime the client verbs (`replay`, `check`, `events`) run on.
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// The gateway's config, when given.
+fn load_config(
+    args: &AdminArgs,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<Option<Settings>> {
+    args.config
+        .as_deref()
+        .map(|path| config::load(Some(path), env))
+        .transpose()
+        .map_err(Into::into)
+}
+
+/// The admin API client: `--admin`/`--token`, else the config's listener and token.
+fn admin_client(args: &AdminArgs, settings: Option<&Settings>) -> AdminClient {
+    let base = match (&args.admin, settings) {
+        (Some(url), _) => url.clone(),
+        (None, Some(s)) => {
+            let mut addr = s.admin_listen;
+            if addr.ip().is_unspecified() {
+                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            format!("http://{addr}")
+        }
+        (None, None) => DEFAULT_ADMIN_URL.to_owned(),
+    };
+    let token = match (&args.token, settings) {
+        (Some(token), _) => Some(hooklatch_core::Secret::from_text(token)),
+        (None, Some(s)) => Some(s.admin_token.clone()),
+        (None, None) => None,
+    };
+    AdminClient::new(&base, token)
+}
+
+/// A progress bar on stderr, hidden when stderr is not a terminal or the output is JSON.
+fn progress_bar(total: u64, json: bool) -> indicatif::ProgressBar {
+    if json || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}")
+            .expect("the template is valid"),
+    );
+    bar
+}
+
+fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
+    let settings = load_config(&args.admin, env)?;
+    let admin = admin_client(&args.admin, settings.as_ref());
+    let given = signer_arg(&args.signing, env)?;
+    let mode = match (args.signing.resign, args.signing.original) {
+        (true, _) => SignMode::Resign,
+        (_, true) => SignMode::Original,
+        _ => SignMode::Auto,
+    };
+    let target = match &args.to {
+        Some(url) => Target::Url(url.clone()),
+        None => Target::Gateway(
+            args.gateway
+                .clone()
+                .unwrap_or_else(|| hooklatch::replay::gateway_base(settings.as_ref())),
+        ),
+    };
+    client_runtime()?.block_on(async {
+        let mut captures = admin.resolve(&args.capture).await?;
+        if let Some(id) = &args.request {
+            captures.retain(|c| c.request_id.as_deref() == Some(id.as_str()));
+            anyhow::ensure!(
+                !captures.is_empty(),
+                "{} holds no capture {id}",
+                args.capture
+            );
+        }
+        if let Some(s) = &settings {
+            hooklatch::capture::fill_providers(&mut captures, s);
+        }
+        let mut reports = Vec::new();
+        for capture in &captures {
+            let signer = hooklatch::replay::signer_for(capture, given.as_ref(), settings.as_ref())?;
+            let (signing, note) =
+                hooklatch::replay::choose_signing(mode, signer, capture, Timestamp::now())?;
+            if !args.json {
+                eprintln!("{note}");
+            }
+            let opts = ReplayOptions {
+                target: target.clone(),
+                times: args.times,
+                concurrency: args.concurrency,
+                delay: args.delay,
+                signing,
+                timeout: args.timeout,
+            };
+            let bar = progress_bar(u64::from(args.times), args.json);
+            let report = hooklatch::replay::replay(capture, &opts, &|_| bar.inc(1)).await?;
+            bar.finish_and_clear();
+            if !args.json {
+                print_out(&report.render());
+            }
+            reports.push(report);
+        }
+        let ok = reports.iter().all(|r| r.ok());
+        if args.json {
+            let doc = serde_json::json!({
+                "ok": ok,
+                "replays": reports.iter().map(|r| r.to_json()).collect::<Vec<_>>(),
+            });
+            print_out(&format!("{doc:#}\n"));
+        }
+        Ok(if ok { Outcome::Passed } else { Outcome::Failed })
+    })
+}
+
+/// `--provider` and `--secret` as a signer.
+fn signer_arg(args: &SigningArgs, env: &HashMap<String, String>) -> anyhow::Result<Option<Signer>> {
+    match (&args.provider, &args.secret) {
+        (Some(provider), Some(secret)) => {
+            let secret = config::read_secret("--secret", secret, env, None)?;
+            Ok(Some(Signer::for_provider(provider, secret)?))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
+    let settings = load_config(&args.admin, env)?;
+    let admin = admin_client(&args.admin, settings.as_ref());
+    let secret = args
+        .secret
+        .as_deref()
+        .map(|s| config::read_secret("--secret", s, env, None))
+        .transpose()?;
+    let effect = match (&args.effects_sql, &args.db, &args.effects_cmd) {
+        (Some(sql), Some(db), _) => Some(EffectProbe::sql(db, sql)?),
+        (_, _, Some(cmd)) => Some(EffectProbe::Command(cmd.clone())),
+        _ => None,
+    };
+    let opts = CheckOptions {
+        to: args.to.clone(),
+        times: args.times,
+        concurrency: args.concurrency,
+        late_after: args.late_after,
+        conflict: args.conflict,
+        expect: args.expect,
+        settle: args.settle,
+        effect,
+        timeout: args.timeout,
+    };
+    let total = u64::from(args.times + args.concurrency + 1 + u32::from(args.conflict));
+    client_runtime()?.block_on(async {
+        let input = match (&args.provider, &args.capture) {
+            (Some(provider), _) => CheckInput::Fixture {
+                provider: provider.clone(),
+                event: args.event.clone(),
+                id: args.id.clone(),
+                secret: secret.context("--provider needs --secret")?,
+            },
+            (None, Some(arg)) => {
+                let mut captures = admin.resolve(arg).await?;
+                anyhow::ensure!(
+                    captures.len() == 1,
+                    "{arg} holds {} captures; check takes one (export it alone)",
+                    captures.len()
+                );
+                let mut capture = captures.remove(0);
+                if let Some(s) = &settings {
+                    hooklatch::capture::fill_providers(std::slice::from_mut(&mut capture), s);
+                }
+                let signer = match (secret, &capture.provider) {
+                    (Some(secret), Some(provider)) => Some(Signer::for_provider(provider, secret)?),
+                    (Some(_), None) => {
+                        anyhow::bail!("the capture does not say its provider: pass --config")
+                    }
+                    (None, _) => hooklatch::replay::signer_for(&capture, None, settings.as_ref())?,
+                };
+                CheckInput::Capture {
+                    capture: Box::new(capture),
+                    signer,
+                }
+            }
+            (None, None) => anyhow::bail!("check needs --provider or --capture"),
+        };
+        let bar = progress_bar(total, args.json);
+        let report = hooklatch::check::check(input, &opts, &|_| bar.inc(1)).await?;
+        bar.finish_and_clear();
+        if args.json {
+            print_out(&format!("{:#}\n", report.to_json()));
+        } else {
+            print_out(&report.render());
+        }
+        Ok(if report.ok() {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        })
+    })
+}
+
+fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+    let settings = load_config(&args.admin, env)?;
+    let admin = admin_client(&args.admin, settings.as_ref());
+    let now = Timestamp::now();
+    let filter = HistoryFilter {
+        source: args.source.clone(),
+        verdict: args.verdict.clone(),
+        key: args.key.clone(),
+        since: args.since.map(|d| now.minus(d)),
+        until: None,
+        limit: args.limit,
+    };
+    let (mut captures, skipped) = client_runtime()?.block_on(admin.collect(&args.ids, &filter))?;
+    if let Some(s) = &settings {
+        hooklatch::capture::fill_providers(&mut captures, s);
+    }
+    let doc = hooklatch::capture::write_export(&captures, now);
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, &doc).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => {
+            use std::io::Write;
+            std::io::stdout()
+                .write_all(&doc)
+                .context("writing the export")?;
+        }
+    }
+    for id in &skipped {
+        eprintln!("skipped {id}: its body was not kept whole (refused as too large)");
+    }
+    eprintln!("exported {} capture(s)", captures.len());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_flags_are_consistent() {
+        Cli::command().debug_assert();
+    }
 }

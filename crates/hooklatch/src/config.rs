@@ -79,6 +79,9 @@ pub enum StoreBackend {
     /// The embedded SQLite file.
     #[cfg(feature = "sqlite")]
     Sqlite(hooklatch_store_sqlite::SqliteOptions),
+    /// A PostgreSQL database shared by any number of gateway instances.
+    #[cfg(feature = "postgres")]
+    Postgres(hooklatch_store_postgres::PgOptions),
 }
 
 /// Store settings.
@@ -673,9 +676,19 @@ fn parse_store_url(key: &str, url: &str) -> Result<StoreBackend, ConfigError> {
             .map(StoreBackend::Sqlite)
             .map_err(|e| err(key, e));
     }
+    #[cfg(feature = "postgres")]
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return hooklatch_store_postgres::PgOptions::from_url(url)
+            .map(StoreBackend::Postgres)
+            .map_err(|e| err(key, e));
+    }
+    // The URL may hold a password: name only its scheme.
+    let scheme = url.split_once(':').map_or("", |(s, _)| s);
     Err(err(
         key,
-        format!("unsupported store URL {url:?}; this build supports sqlite://PATH"),
+        format!(
+            "unsupported store URL scheme {scheme:?}; use sqlite://PATH or postgres://USER@HOST/DB"
+        ),
     ))
 }
 

@@ -144,8 +144,9 @@ pub fn catalog() -> impl Iterator<Item = (&'static str, &'static str)> {
     FIXTURES.iter().map(|f| (f.provider, f.name))
 }
 
-/// The adapter that signs a provider's test events, if there are any.
-fn signer(provider: &str, secret: &Secret) -> Option<Box<dyn ProviderAdapter>> {
+/// The adapter that signs a provider's test events, if there are any (every provider but
+/// `generic`, whose scheme lives in a source's settings). `replay` and `check` re-sign with it.
+pub fn signer(provider: &str, secret: &Secret) -> Option<Box<dyn ProviderAdapter>> {
     Some(match provider {
         "stripe" => Box::new(Stripe),
         "github" => Box::new(GitHub),

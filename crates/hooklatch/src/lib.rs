@@ -9,15 +9,25 @@
 //! - [`config`]: layered TOML and environment configuration, resolved into [`Settings`].
 //! - [`delivery`]: the workers that deliver the outbox to destinations with retries.
 //! - [`fixtures`]: realistic signed test events per provider (`hooklatch send`).
+//! - [`capture`]: one request as the gateway kept it, and the export file format.
+//! - [`admin`]: a client of a running gateway's admin API (captures by `req_`/`dlv_` id).
+//! - [`replay`]: send a capture again, N times, K at once, re-signed; the report.
+//! - [`check`]: the idempotency harness (`hooklatch check`), with [`effect`] probes that count
+//!   what a handler did (SQL on SQLite or PostgreSQL, or a command).
 //! - `server`: hyper connection handling with header timeouts and graceful drain.
 //! - `maintenance`: the purge of expired claims and old history, and store gauges.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod admin;
+pub mod capture;
+pub mod check;
 pub mod config;
 pub mod delivery;
+pub mod effect;
 pub mod fixtures;
 mod maintenance;
+pub mod replay;
 mod server;
 
 use std::collections::HashMap;
@@ -36,16 +46,72 @@ use tokio_util::sync::CancellationToken;
 pub use config::Settings;
 pub use hooklatch_core as core;
 
-/// Opens the configured store.
-pub fn open_store(settings: &config::StoreSettings) -> anyhow::Result<Arc<dyn Store>> {
+/// An open store, and the task that wakes workers when another instance queues work (for
+/// stores shared between instances).
+pub struct OpenStore {
+    /// The store.
+    pub store: Arc<dyn Store>,
+    /// Wakes `enqueued` on work queued by other instances; aborted on drop.
+    pub listener: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for OpenStore {
+    fn drop(&mut self) {
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
+    }
+}
+
+/// Opens the configured store (running its migrations), and for a shared store starts
+/// listening for work queued by other instances, waking `enqueued`.
+pub async fn open_store(
+    settings: &config::StoreSettings,
+    enqueued: Arc<Notify>,
+) -> anyhow::Result<OpenStore> {
     match &settings.backend {
         #[cfg(feature = "sqlite")]
         config::StoreBackend::Sqlite(opts) => {
+            let _ = enqueued;
             let store = hooklatch_store_sqlite::SqliteStore::open(opts)
                 .with_context(|| format!("opening the store at {}", opts.path.display()))?;
-            Ok(Arc::new(store))
+            Ok(OpenStore {
+                store: Arc::new(store),
+                listener: None,
+            })
+        }
+        #[cfg(feature = "postgres")]
+        config::StoreBackend::Postgres(opts) => {
+            let store = hooklatch_store_postgres::PostgresStore::connect(opts)
+                .await
+                .with_context(|| format!("opening the store at {}", opts.redacted_url()))?;
+            let listener = store.listen_for_work(enqueued);
+            Ok(OpenStore {
+                store: Arc::new(store),
+                listener: Some(listener),
+            })
         }
     }
+}
+
+/// Runs the store's migrations and returns (`hooklatch migrate`). Opening the store migrates
+/// too; this is for deployments that migrate before rolling out new instances.
+pub async fn migrate(settings: &config::StoreSettings) -> anyhow::Result<()> {
+    match &settings.backend {
+        #[cfg(feature = "sqlite")]
+        config::StoreBackend::Sqlite(opts) => {
+            hooklatch_store_sqlite::SqliteStore::open(opts)
+                .with_context(|| format!("migrating the store at {}", opts.path.display()))?;
+        }
+        #[cfg(feature = "postgres")]
+        config::StoreBackend::Postgres(opts) => {
+            let store = hooklatch_store_postgres::PostgresStore::connect(opts)
+                .await
+                .with_context(|| format!("migrating the store at {}", opts.redacted_url()))?;
+            store.migrate().await.context("running migrations")?;
+        }
+    }
+    Ok(())
 }
 
 /// The process-wide Prometheus recorder (installed once; later calls share it).
@@ -76,7 +142,9 @@ fn metrics_handle() -> PrometheusHandle {
 pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
     log_effective_config(&settings);
     let metrics = metrics_handle();
-    let store = open_store(&settings.store)?;
+    let enqueued = Arc::new(Notify::new());
+    let opened = open_store(&settings.store, enqueued.clone()).await?;
+    let store = opened.store.clone();
     let ingest_listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding server.listen {}", settings.listen))?;
@@ -87,7 +155,6 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         tracing::warn!(addr = %settings.admin_listen, "the admin API listens beyond loopback; keep its token secret and the port private");
     }
 
-    let enqueued = Arc::new(Notify::new());
     let ready = Arc::new(AtomicBool::new(false));
     let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
         store: store.clone(),
@@ -175,6 +242,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             tracing::error!(%err, "a gateway task panicked");
         }
     }
+    drop(opened);
     tracing::info!("stopped");
     Ok(())
 }
@@ -183,6 +251,8 @@ fn log_effective_config(settings: &Settings) {
     let store = match &settings.store.backend {
         #[cfg(feature = "sqlite")]
         config::StoreBackend::Sqlite(o) => format!("sqlite {}", o.path.display()),
+        #[cfg(feature = "postgres")]
+        config::StoreBackend::Postgres(o) => format!("postgres {}", o.redacted_url()),
     };
     tracing::info!(
         listen = %settings.listen,

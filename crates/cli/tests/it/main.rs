@@ -9,6 +9,7 @@ mod support;
 
 mod crash;
 mod forgery;
+mod postgres;
 mod rejections;
 mod retries;
 mod seed;

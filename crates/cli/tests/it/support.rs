@@ -205,6 +205,8 @@ pub enum Behaviour {
     TooManyRequestsOnce,
     /// 302 to `/followed` on this same server (which would answer 200) for everything.
     AlwaysRedirect,
+    /// 200 to everything, after this many milliseconds (deliveries stay in flight a while).
+    SlowOk(u64),
 }
 
 /// One request the handler received.
@@ -355,6 +357,10 @@ async fn record(
             (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response()
         }
         Behaviour::TooManyRequestsOnce => StatusCode::OK.into_response(),
+        Behaviour::SlowOk(ms) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            StatusCode::OK.into_response()
+        }
         Behaviour::AlwaysRedirect => (
             StatusCode::FOUND,
             [("location", format!("{}/followed", state.base))],
@@ -384,6 +390,12 @@ pub struct Options {
     /// The destination's per-attempt `timeout`; a dead worker's leases expire after twice this
     /// plus 10 s.
     pub timeout: &'static str,
+    /// `store.url` instead of a SQLite file in the temp dir (e.g. a shared PostgreSQL).
+    pub store_url: Option<String>,
+    /// More config appended verbatim (extra `[[sources]]` delivering to `app`).
+    pub extra_config: String,
+    /// More environment variables for the process (the extra sources' secrets).
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl Default for Options {
@@ -396,6 +408,9 @@ impl Default for Options {
             max_backoff: "500ms",
             jitter: 0.0,
             timeout: "10s",
+            store_url: None,
+            extra_config: String::new(),
+            extra_env: Vec::new(),
         }
     }
 }
@@ -514,7 +529,10 @@ impl Gateway {
     fn write_config(&self) {
         let o = &self.options;
         let db = self.dir.path().join("hooklatch.db");
-        let mut store_url = format!("sqlite://{}", db.display());
+        let mut store_url = o
+            .store_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", db.display()));
         if let Some(pages) = o.max_page_count {
             write!(store_url, "?max_page_count={pages}").expect("writing to a string");
         }
@@ -557,7 +575,9 @@ max_attempts = {max_attempts}
 initial_backoff = "{initial_backoff}"
 max_backoff = "{max_backoff}"
 jitter = {jitter:?}
+{extra}
 "#,
+            extra = o.extra_config,
             ingest = self.ingest_port,
             admin = self.admin_port,
             url = self.destination_url,
@@ -621,7 +641,8 @@ jitter = {jitter:?}
         }
         cmd.env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("E2E_STRIPE_SECRET", STRIPE_SECRET)
-            .env("E2E_GITHUB_SECRET", GITHUB_SECRET);
+            .env("E2E_GITHUB_SECRET", GITHUB_SECRET)
+            .envs(self.options.extra_env.iter().cloned());
         if test_log {
             cmd.env(
                 "RUST_LOG",

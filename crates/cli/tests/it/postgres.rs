@@ -1,0 +1,300 @@
+//! Several `hooklatch serve` processes on one PostgreSQL: the database is the only arbiter.
+//!
+//! - 1,000 events × 32 concurrent copies spread over three instances → exactly one claim, one
+//!   outbox row and one forward per event, and no answer but 200 (a wait-limit 503 would be
+//!   retried, as a provider does, and is counted).
+//! - kill -9 of one of three instances during a burst, while its deliveries are in flight:
+//!   every acknowledged event is forwarded; the dead instance's leased rows are taken over by
+//!   the others once the lease runs out.
+//!
+//! Needs `HOOKLATCH_TEST_POSTGRES_URL` (a user that may create databases); each test makes a
+//! database of its own and drops it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::Connection;
+
+use crate::support::{
+    eventually_within, stripe_headers, stripe_invoice_paid, unique, wait_until_within, Behaviour,
+    Gateway, Handler, Ingest, Options,
+};
+
+/// Every answer (status, `status` field) to each event's copies, by event id.
+type Answers = HashMap<String, Vec<(u16, String)>>;
+
+/// A database of the test's own on the server `HOOKLATCH_TEST_POSTGRES_URL` points at.
+struct Database {
+    admin_url: String,
+    name: String,
+}
+
+impl Database {
+    /// `None` (after printing why) when no server is configured outside CI.
+    async fn create() -> Option<Database> {
+        let Ok(admin_url) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but HOOKLATCH_TEST_POSTGRES_URL is not: the PostgreSQL tests must run"
+            );
+            println!(
+                "skipped: set HOOKLATCH_TEST_POSTGRES_URL to run the PostgreSQL end-to-end tests"
+            );
+            return None;
+        };
+        let name = unique("hooklatch_e2e").to_lowercase();
+        let mut conn = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut conn)
+            .await
+            .expect("creating the test database");
+        Some(Database { admin_url, name })
+    }
+
+    /// The URL of this database (the admin URL with its database name replaced).
+    fn url(&self) -> String {
+        let (base, query) = match self.admin_url.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (self.admin_url.as_str(), None),
+        };
+        let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
+        match query {
+            Some(q) => format!("{server}/{}?{q}", self.name),
+            None => format!("{server}/{}", self.name),
+        }
+    }
+
+    async fn drop_now(self) {
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+async fn three_gateways(handler: &Handler, db: &Database, timeout: &'static str) -> Vec<Gateway> {
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        let options = Options {
+            store_url: Some(db.url()),
+            timeout,
+            ..Options::default()
+        };
+        gateways.push(Gateway::start_with(handler, options).await);
+    }
+    gateways
+}
+
+/// POSTs until an answer other than 503 comes (a provider retries a 503), counting the 503s.
+async fn post_until_answered(
+    ingest: &Ingest,
+    body: &[u8],
+    n_503: &AtomicUsize,
+) -> Option<(u16, String)> {
+    for _ in 0..20 {
+        let headers = stripe_headers(body);
+        match ingest.try_post("stripe", &headers, body.to_vec()).await {
+            Ok((503, _)) => {
+                n_503.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Ok((status, json)) => {
+                let verdict = json["status"].as_str().unwrap_or_default().to_owned();
+                return Some((status, verdict));
+            }
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_event() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateways = three_gateways(&handler, &db, "10s").await;
+    let ingests: Vec<Ingest> = gateways.iter().map(Gateway::ingest).collect();
+
+    const IDS: usize = 1_000;
+    const COPIES: usize = 32;
+    let ids: Vec<String> = (0..IDS).map(|i| format!("evt_pg_storm_{i:04}")).collect();
+    let verdicts: Arc<Mutex<Answers>> = Arc::default();
+    let n_503 = Arc::new(AtomicUsize::new(0));
+    // 64 senders; each event's 32 copies go out together, spread over the three instances.
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for sender in 0..64 {
+        let (ids, verdicts, n_503, next, ingests) = (
+            ids.clone(),
+            verdicts.clone(),
+            n_503.clone(),
+            next.clone(),
+            ingests.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= IDS * COPIES {
+                    break;
+                }
+                let id = &ids[i / COPIES];
+                let ingest = &ingests[(i + sender) % ingests.len()];
+                let body = stripe_invoice_paid(id, 5000);
+                let answer = post_until_answered(ingest, &body, &n_503).await;
+                let answer = answer.unwrap_or((0, "transport error".to_owned()));
+                verdicts
+                    .lock()
+                    .expect("verdicts lock")
+                    .entry(id.clone())
+                    .or_default()
+                    .push(answer);
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.expect("sender task");
+    }
+
+    let verdicts = verdicts.lock().expect("verdicts lock").clone();
+    let mut not_200 = 0;
+    for id in &ids {
+        let answers = &verdicts[id];
+        assert_eq!(answers.len(), COPIES, "{id}");
+        not_200 += answers.iter().filter(|(status, _)| *status != 200).count();
+        let accepted = answers.iter().filter(|(_, v)| v == "accepted").count();
+        let duplicates = answers.iter().filter(|(_, v)| v == "duplicate").count();
+        assert_eq!((accepted, duplicates), (1, COPIES - 1), "{id}: {answers:?}");
+    }
+    assert_eq!(not_200, 0, "SQL backends answer 200 to every copy");
+
+    wait_until_within("every event forwarded", Duration::from_secs(120), || {
+        handler.distinct_keys().len() == IDS
+    })
+    .await;
+    eventually_within(
+        "every outbox row delivered",
+        Duration::from_secs(60),
+        async || gateways[0].deliveries("state=pending").await.is_empty(),
+    )
+    .await;
+    let mut per_key: HashMap<String, usize> = HashMap::new();
+    for received in handler.received() {
+        *per_key.entry(received.key.unwrap_or_default()).or_default() += 1;
+    }
+    let forwarded_twice: Vec<_> = per_key.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        forwarded_twice.is_empty(),
+        "forwarded more than once: {forwarded_twice:?}"
+    );
+    println!(
+        "T1 postgres×3: ids={IDS} copies={COPIES} forwards={} 503s_retried={}",
+        handler.total(),
+        n_503.load(Ordering::Relaxed)
+    );
+    drop(gateways);
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    // Slow answers keep each instance's deliveries in flight, so the one killed holds leases.
+    let handler = Handler::start(Behaviour::SlowOk(200)).await;
+    let mut gateways = three_gateways(&handler, &db, "2s").await;
+    let ingests: Vec<Ingest> = gateways.iter().map(Gateway::ingest).collect();
+    let kill = gateways[0].kill_switch();
+
+    const EVENTS: usize = 1_000;
+    let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
+    let n_acked = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let n_503 = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    for sender in 0..16 {
+        let (acked, n_acked, next, ingests, kill, n_503) = (
+            acked.clone(),
+            n_acked.clone(),
+            next.clone(),
+            ingests.clone(),
+            kill.clone(),
+            n_503.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= EVENTS {
+                    break;
+                }
+                let id = format!("evt_pg_kill_{i:04}");
+                let body = stripe_invoice_paid(&id, 5000);
+                // A load balancer sends to the next instance when one does not answer.
+                for hop in 0..ingests.len() {
+                    let ingest = &ingests[(i + sender + hop) % ingests.len()];
+                    if let Some((200, _)) = post_until_answered(ingest, &body, &n_503).await {
+                        acked.lock().expect("acked lock").insert(id.clone());
+                        if n_acked.fetch_add(1, Ordering::Relaxed) + 1 == 300 {
+                            kill.fire();
+                        }
+                        break;
+                    }
+                }
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.expect("sender task");
+    }
+    let acked = acked.lock().expect("acked lock").clone();
+    assert!(
+        acked.len() > 300,
+        "the kill came mid-burst ({} acked)",
+        acked.len()
+    );
+
+    // The dead instance's leases expire after 2 × 2 s + 10 s; the others take its rows over.
+    wait_until_within(
+        "every acknowledged event forwarded",
+        Duration::from_secs(120),
+        || {
+            let seen = handler.distinct_keys();
+            acked
+                .iter()
+                .all(|id| seen.contains(&format!("stripe:{id}")))
+        },
+    )
+    .await;
+    let seen = handler.distinct_keys();
+    let lost = acked
+        .iter()
+        .filter(|id| !seen.contains(&format!("stripe:{id}")))
+        .count();
+    assert_eq!(lost, 0);
+    eventually_within(
+        "no delivery left pending",
+        Duration::from_secs(60),
+        async || gateways[1].deliveries("state=pending").await.is_empty(),
+    )
+    .await;
+    println!(
+        "T13 postgres×3 kill -9: acked={} lost={lost} forwards={} duplicates={} 503s_retried={}",
+        acked.len(),
+        handler.total(),
+        handler.total() - seen.len(),
+        n_503.load(Ordering::Relaxed)
+    );
+    gateways[0].kill9();
+    drop(gateways);
+    db.drop_now().await;
+}

@@ -1,0 +1,423 @@
+//! End-to-end tests of `hooklatch replay`, `hooklatch check` and `hooklatch events export`:
+//! real `hooklatch serve` processes, the example credit service as a real process (naive,
+//! check-then-insert and guarded, on SQLite and PostgreSQL), and a recording handler, all on
+//! 127.0.0.1. They prove the replay-and-check issue's "Proof" list. No fixed sleeps: every
+//! wait polls with a deadline; nothing asserts on timing.
+//!
+//! PostgreSQL tests read `HOOKLATCH_TEST_POSTGRES_URL` (each creates its own database); without
+//! it they print "skipped" — and fail when `CI` is set.
+
+mod replay_support;
+
+use base64::Engine;
+use hooklatch_core::Timestamp;
+use serde_json::Value;
+
+use replay_support::*;
+
+/// A gateway that has ingested one Stripe event; returns it with the body, the ingest answer.
+async fn gateway_with_one_event(destination: Option<&str>) -> (Gateway, Vec<u8>, Value) {
+    let gateway = Gateway::start(destination, &[]).await;
+    let body = stripe_body(&unique("evt"), 5000);
+    let mut headers = stripe_headers(&body, Timestamp::now());
+    headers.push((
+        "authorization".to_owned(),
+        "Basic dXNlcjpzM2NyZXQ=".to_owned(),
+    ));
+    let (status, answer) = gateway.post_stripe(&headers, &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["status"], "accepted", "{answer}");
+    (gateway, body, answer)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_ten_times_ten_at_once_reports_every_status_and_the_exit_code() {
+    let sink = Recorder::start().await;
+    let (gateway, body, answer) = gateway_with_one_event(Some(&sink.url)).await;
+    let delivery = answer["events"][0]["deliveries"][0]
+        .as_str()
+        .expect("a delivery id")
+        .to_owned();
+    let handler = Recorder::start().await;
+
+    // By delivery id: the request behind it, re-signed for the handler, 10 at once.
+    let args = [
+        "replay",
+        &delivery,
+        "--admin",
+        &gateway.admin,
+        "--to",
+        &handler.url,
+        "--times",
+        "10",
+        "--concurrency",
+        "10",
+        "--provider",
+        "stripe",
+        "--secret",
+        STRIPE_SECRET,
+        "--json",
+    ];
+    let out = hooklatch(&args).await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let report = json_of(&out);
+    let replay = &report["replays"][0];
+    assert_eq!(replay["sent"], 10, "{report:#}");
+    assert_eq!(replay["statuses"]["200"], 10, "{report:#}");
+    assert_eq!(replay["concurrency"], 10);
+    assert!(replay["latency_ms"]["p99"].as_f64().is_some(), "{report:#}");
+    let received = handler.received();
+    assert_eq!(received.len(), 10);
+    assert!(received.iter().all(|r| r.signature_valid && r.body == body));
+
+    // Some answers are 500: reported, and the exit status says so.
+    handler.fail_every(5);
+    let out = hooklatch(&args).await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let replay = &json_of(&out)["replays"][0];
+    assert_eq!(replay["statuses"]["200"], 8, "{replay:#}");
+    assert_eq!(replay["statuses"]["500"], 2, "{replay:#}");
+    assert_eq!(replay["ok"], false);
+
+    // The human report: a table of statuses, latency, and the failures.
+    let text_args = &args[..args.len() - 1];
+    let out = hooklatch(text_args).await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("STATUS  COUNT"), "{text}");
+    assert!(text.contains("p50") && text.contains("p99"), "{text}");
+    assert!(text.contains("failures 2 of 10"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_old_capture_replays_with_resign_and_is_refused_with_original() {
+    let gateway = Gateway::start(None, &[]).await;
+    // Captured two hours ago: its signature is far outside Stripe's 300 s tolerance.
+    let signed_at = Timestamp::now().minus(std::time::Duration::from_secs(7200));
+    let event_id = unique("evt_old");
+    let body = stripe_body(&event_id, 5000);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let headers: Vec<Value> = stripe_headers(&body, signed_at)
+        .into_iter()
+        .map(|(name, value)| serde_json::json!({ "name": name, "value": value }))
+        .collect();
+    let export = serde_json::json!({
+        "hooklatch_export": 1,
+        "captures": [{
+            "request_id": "req_1", "source": "stripe", "provider": "stripe", "method": "POST",
+            "path": "/in/stripe", "received_at_ms": signed_at.as_millis(), "keys": [event_id],
+            "headers": headers, "body_base64": b64.encode(&body),
+        }]
+    });
+    let file = gateway.dir().join("old.json");
+    std::fs::write(&file, serde_json::to_vec(&export).unwrap()).unwrap();
+    let file = file.to_str().unwrap();
+    let config = gateway.config();
+    let config = config.to_str().unwrap();
+
+    let out = hooklatch(&[
+        "replay",
+        file,
+        "--via-gateway",
+        "--config",
+        config,
+        "--original",
+        "--json",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let replay = &json_of(&out)["replays"][0];
+    assert_eq!(replay["statuses"]["401"], 1, "{replay:#}");
+    assert_eq!(replay["answers"]["stale_timestamp"], 1, "{replay:#}");
+
+    // Re-signed with the source's secret from the config: accepted, then duplicates.
+    let out = hooklatch(&[
+        "replay",
+        file,
+        "--via-gateway",
+        "--config",
+        config,
+        "--resign",
+        "--times",
+        "3",
+        "--json",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let replay = &json_of(&out)["replays"][0];
+    assert_eq!(replay["statuses"]["200"], 3, "{replay:#}");
+    assert_eq!(replay["answers"]["accepted"], 1, "{replay:#}");
+    assert_eq!(replay["answers"]["duplicate"], 2, "{replay:#}");
+
+    // The default with a secret at hand is to re-sign, and it says so.
+    let out = hooklatch(&["replay", file, "--via-gateway", "--config", config]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("re-signing"),
+        "{}",
+        show(&out)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("duplicate"),
+        "{}",
+        show(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn export_then_replay_round_trips_byte_exact_without_secrets() {
+    let (gateway, body, answer) = gateway_with_one_event(None).await;
+    let request_id = answer["request_id"].as_str().unwrap().to_owned();
+    let file = gateway.dir().join("export.json");
+    let out = hooklatch(&[
+        "events",
+        "export",
+        &request_id,
+        "--admin",
+        &gateway.admin,
+        "--config",
+        gateway.config().to_str().unwrap(),
+        "--out",
+        file.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let text = std::fs::read_to_string(&file).unwrap();
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(doc["hooklatch_export"], 1);
+    let capture = &doc["captures"][0];
+    assert_eq!(capture["request_id"], request_id.as_str());
+    assert_eq!(capture["provider"], "stripe");
+    assert_eq!(capture["source"], "stripe");
+    let b64 = base64::engine::general_purpose::STANDARD;
+    assert_eq!(
+        b64.decode(capture["body_base64"].as_str().unwrap())
+            .unwrap(),
+        body
+    );
+    // Neither the source's secret, the admin token nor the endpoint's credentials.
+    for secret in [STRIPE_SECRET, ADMIN_TOKEN, "dXNlcjpzM2NyZXQ="] {
+        assert!(!text.contains(secret), "{secret} exported:\n{text}");
+    }
+    let captured_signature = capture["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "stripe-signature")
+        .expect("the provider's signature is part of the capture")["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // On "a laptop": no gateway needed, the file is the capture.
+    let laptop = tempfile::tempdir().unwrap();
+    let copy = laptop.path().join("prod.json");
+    std::fs::copy(&file, &copy).unwrap();
+    drop(gateway);
+    let handler = Recorder::start().await;
+    let file = copy.to_str().unwrap();
+    let out = hooklatch(&[
+        "replay",
+        file,
+        "--to",
+        &handler.url,
+        "--provider",
+        "stripe",
+        "--secret",
+        STRIPE_SECRET,
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let out = hooklatch(&["replay", file, "--to", &handler.url, "--original"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let received = handler.received();
+    assert_eq!(received.len(), 2);
+    for r in &received {
+        assert_eq!(r.body, body, "the handler saw different bytes");
+        assert!(r.signature_valid, "the handler saw an invalid signature");
+        assert_eq!(r.headers["content-type"], "application/json");
+        assert!(r.headers.get("authorization").is_none());
+    }
+    // --original sends the provider's signature exactly as captured.
+    assert_eq!(
+        received[1].headers["stripe-signature"],
+        captured_signature.as_str()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_explains_what_it_cannot_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.json");
+    let out = hooklatch(&[
+        "replay",
+        missing.to_str().unwrap(),
+        "--to",
+        "http://127.0.0.1:9/",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reading"),
+        "{}",
+        show(&out)
+    );
+
+    let file = dir.path().join("bad.json");
+    std::fs::write(&file, r#"{"hooklatch_export": 9, "captures": []}"#).unwrap();
+    let out = hooklatch(&[
+        "replay",
+        file.to_str().unwrap(),
+        "--to",
+        "http://127.0.0.1:9/",
+        "--resign",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("version 9"),
+        "{}",
+        show(&out)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// check
+
+/// `hooklatch check` of a Stripe event against `service`, effects counted with `db`.
+async fn check(service: &CreditService, db: &str, extra: &[&str]) -> std::process::Output {
+    let url = service.url();
+    let mut args = vec![
+        "check",
+        "--provider",
+        "stripe",
+        "--secret",
+        STRIPE_SECRET,
+        "--to",
+        &url,
+        "--times",
+        "10",
+        "--concurrency",
+        "10",
+        "--effects-sql",
+        "SELECT count(*) FROM credits WHERE event_id = :key",
+        "--db",
+        db,
+    ];
+    args.extend_from_slice(extra);
+    hooklatch(&args).await
+}
+
+/// The proof on one database: the naive handler fails with its count, the guarded one passes.
+async fn naive_fails_and_guarded_passes(db: &str) {
+    let naive = CreditService::start(db, "naive", 0).await;
+    let out = check(&naive, db, &["--json"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let report = json_of(&out);
+    let sequential = &report["phases"][0];
+    assert_eq!(sequential["name"], "sequential");
+    assert_eq!(sequential["ok"], false, "{report:#}");
+    assert_eq!(sequential["before"], 0);
+    assert_eq!(sequential["after"], 10, "{report:#}");
+    let failure = sequential["failures"][0].as_str().unwrap();
+    assert!(
+        failure.contains("10 deliveries produced 10 effects: no dedup at all"),
+        "{failure}"
+    );
+    assert_eq!(report["phases"][1]["after"], 10, "{report:#}");
+    assert_eq!(report["phases"][2]["name"], "late replay");
+    assert_eq!(report["phases"][2]["after"], 11, "{report:#}");
+    // The human report names the phase and the count.
+    let out = check(&naive, db, &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("FAIL  1. sequential"), "{text}");
+    assert!(text.contains("0 → 10"), "{text}");
+    assert!(text.contains("FAILED"), "{text}");
+    drop(naive);
+
+    let guarded = CreditService::start(db, "guarded", 0).await;
+    let out = check(&guarded, db, &["--conflict", "--json"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let report = json_of(&out);
+    assert_eq!(report["ok"], true, "{report:#}");
+    let names: Vec<&str> = report["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["sequential", "concurrent", "late replay", "conflict"]
+    );
+    for phase in report["phases"].as_array().unwrap() {
+        assert_eq!(phase["after"], 1, "{phase:#}");
+        assert!(
+            phase["failures"].as_array().unwrap().is_empty(),
+            "{phase:#}"
+        );
+    }
+    assert_eq!(report["phases"][0]["statuses"]["200"], 10);
+    assert_eq!(report["phases"][1]["statuses"]["200"], 10);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("app.db").display());
+    naive_fails_and_guarded_passes(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_postgres() {
+    let Some(db) = postgres_database().await else {
+        return;
+    };
+    naive_fails_and_guarded_passes(&db).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_names_the_race_of_a_check_then_insert_handler() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("app.db").display());
+    // Work between the check and the insert keeps the race window open wide enough for ten
+    // simultaneous deliveries to all pass the check (how wide it is changes nothing else).
+    let service = CreditService::start(&db, "check-then-insert", 300).await;
+    let out = check(&service, &db, &["--json"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let report = json_of(&out);
+    assert_eq!(report["phases"][0]["ok"], true, "{report:#}");
+    let concurrent = &report["phases"][1];
+    assert_eq!(concurrent["ok"], false, "{report:#}");
+    let failure = concurrent["failures"][0].as_str().unwrap();
+    assert!(
+        failure.contains("the check-then-insert races under concurrency"),
+        "{failure}"
+    );
+    assert!(failure.starts_with("10 deliveries produced"), "{failure}");
+}
+
+/// A fresh database on `HOOKLATCH_TEST_POSTGRES_URL`, or `None` (skipped; a failure in CI).
+async fn postgres_database() -> Option<String> {
+    use sqlx::Connection;
+    let Ok(base) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must set HOOKLATCH_TEST_POSTGRES_URL"
+        );
+        println!("skipped: set HOOKLATCH_TEST_POSTGRES_URL");
+        return None;
+    };
+    let name = unique("hooklatch_replay").to_lowercase();
+    let mut conn = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&mut conn)
+        .await
+        .expect("creating a test database");
+    let mut url = reqwest::Url::parse(&base).expect("HOOKLATCH_TEST_POSTGRES_URL is a URL");
+    url.set_path(&format!("/{name}"));
+    Some(url.to_string())
+}

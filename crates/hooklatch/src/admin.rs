@@ -1,0 +1,261 @@
+//! A small client of a running gateway's admin API, for the CLI verbs that read history
+//! (`replay`, `check`, `events export`).
+//!
+//! It speaks only the public `/v1` API, with the bearer token: `GET /v1/requests` (history,
+//! filtered and paged), `GET /v1/requests/{id}` (one request, byte-exact) and
+//! `GET /v1/deliveries` (to find the request behind a `dlv_` id: there is no single-delivery
+//! route, but the list's `cursor` is "ids below this", so `cursor=dlv_{N+1}&limit=1` answers
+//! exactly delivery N when it exists).
+
+use std::time::Duration;
+
+use hooklatch_core::{DeliveryId, RequestId, Secret, Timestamp};
+use serde_json::Value;
+
+use crate::capture::{Capture, CaptureError};
+
+/// The admin API's address when none is given (the default `server.admin_listen`).
+pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:8081";
+
+/// Why the admin API could not answer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// The request did not get an answer.
+    #[error("calling the admin API at {base}")]
+    Transport {
+        /// The admin base URL.
+        base: String,
+        /// Why.
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The API answered with an error.
+    #[error("the admin API answered {status}: {message}")]
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// The error's `message` (or body).
+        message: String,
+    },
+    /// No such request or delivery.
+    #[error("{0} not found on the gateway")]
+    NotFound(String),
+    /// The id is neither `req_N` nor `dlv_N`.
+    #[error("{0:?} is not a request or delivery id (req_N or dlv_N)")]
+    BadId(String),
+    /// The answer was not what the API documents.
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+}
+
+/// Which history to select (`GET /v1/requests` filters).
+#[derive(Debug, Clone, Default)]
+pub struct HistoryFilter {
+    /// Only this source.
+    pub source: Option<String>,
+    /// Only this verdict (`accepted`, `duplicate`, `conflict`, `rejected`).
+    pub verdict: Option<String>,
+    /// Only requests carrying this event key.
+    pub key: Option<String>,
+    /// Received at or after.
+    pub since: Option<Timestamp>,
+    /// Received before.
+    pub until: Option<Timestamp>,
+    /// At most this many (newest first).
+    pub limit: usize,
+}
+
+/// A client of one gateway's admin API.
+#[derive(Debug, Clone)]
+pub struct AdminClient {
+    base: String,
+    token: Option<Secret>,
+    client: reqwest::Client,
+}
+
+impl AdminClient {
+    /// A client for the admin API at `base` (`http://127.0.0.1:8081`), with its bearer token.
+    pub fn new(base: &str, token: Option<Secret>) -> AdminClient {
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("a client without TLS roots to load builds");
+        AdminClient {
+            base: base.trim_end_matches('/').to_owned(),
+            token,
+            client,
+        }
+    }
+
+    /// The capture behind `id`: a request (`req_N`) or the request a delivery delivers (`dlv_N`).
+    pub async fn capture(&self, id: &str) -> Result<Capture, AdminError> {
+        let request = if id.starts_with(DeliveryId::PREFIX) {
+            let delivery = DeliveryId::parse(id).ok_or_else(|| AdminError::BadId(id.to_owned()))?;
+            self.request_of(delivery).await?
+        } else if id.starts_with(RequestId::PREFIX) {
+            RequestId::parse(id).ok_or_else(|| AdminError::BadId(id.to_owned()))?
+        } else {
+            return Err(AdminError::BadId(id.to_owned()));
+        };
+        self.request(request).await
+    }
+
+    /// One request, byte-exact.
+    pub async fn request(&self, id: RequestId) -> Result<Capture, AdminError> {
+        let value = self
+            .get(&format!("/v1/requests/{id}"), &[])
+            .await?
+            .ok_or_else(|| AdminError::NotFound(id.to_string()))?;
+        Ok(Capture::from_admin_json(&value)?)
+    }
+
+    /// The request a delivery belongs to.
+    pub async fn request_of(&self, id: DeliveryId) -> Result<RequestId, AdminError> {
+        let cursor = DeliveryId(id.0 + 1).to_string();
+        let page = self
+            .get(
+                "/v1/deliveries",
+                &[("cursor", cursor), ("limit", "1".to_owned())],
+            )
+            .await?
+            .unwrap_or(Value::Null);
+        let item = page["items"]
+            .as_array()
+            .and_then(|items| items.first())
+            .filter(|item| item["id"].as_str() == Some(&id.to_string()))
+            .ok_or_else(|| AdminError::NotFound(id.to_string()))?;
+        item["request_id"]
+            .as_str()
+            .and_then(RequestId::parse)
+            .ok_or_else(|| {
+                AdminError::Capture(CaptureError::Format(format!(
+                    "delivery {id} has no request_id"
+                )))
+            })
+    }
+
+    /// Request ids matching `filter`, newest first, following `next_cursor` up to its limit.
+    pub async fn list(&self, filter: &HistoryFilter) -> Result<Vec<RequestId>, AdminError> {
+        let mut res = Vec::new();
+        let mut cursor: Option<String> = None;
+        while res.len() < filter.limit {
+            let mut query: Vec<(&str, String)> = Vec::new();
+            let mut add = |name: &'static str, value: Option<String>| {
+                if let Some(v) = value {
+                    query.push((name, v));
+                }
+            };
+            add("source", filter.source.clone());
+            add("verdict", filter.verdict.clone());
+            add("key", filter.key.clone());
+            add("since", filter.since.map(|t| t.as_millis().to_string()));
+            add("until", filter.until.map(|t| t.as_millis().to_string()));
+            add("cursor", cursor.take());
+            add(
+                "limit",
+                Some((filter.limit - res.len()).min(500).to_string()),
+            );
+            let page = self
+                .get("/v1/requests", &query)
+                .await?
+                .unwrap_or(Value::Null);
+            let items = page["items"].as_array().cloned().unwrap_or_default();
+            res.extend(
+                items
+                    .iter()
+                    .filter_map(|item| item["id"].as_str().and_then(RequestId::parse)),
+            );
+            match page["next_cursor"].as_str() {
+                Some(next) if !items.is_empty() => cursor = Some(next.to_owned()),
+                _ => break,
+            }
+        }
+        res.truncate(filter.limit);
+        Ok(res)
+    }
+
+    /// GETs a JSON document; `None` on 404.
+    async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Option<Value>, AdminError> {
+        let mut req = self.client.get(format!("{}{path}", self.base)).query(query);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(String::from_utf8_lossy(token.expose()));
+        }
+        let transport = |source| AdminError::Transport {
+            base: self.base.clone(),
+            source,
+        };
+        let res = req.send().await.map_err(transport)?;
+        let status = res.status().as_u16();
+        let bytes = res.bytes().await.map_err(transport)?;
+        if status == 404 {
+            return Ok(None);
+        }
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if !(200..300).contains(&status) {
+            let message = value["message"]
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(200).collect());
+            let hint = if status == 401 {
+                " (set --token or HOOKLATCH_ADMIN_TOKEN)"
+            } else {
+                ""
+            };
+            return Err(AdminError::Status {
+                status,
+                message: format!("{message}{hint}"),
+            });
+        }
+        Ok(Some(value))
+    }
+}
+
+impl AdminClient {
+    /// The captures named by a CLI argument: a `req_N`/`dlv_N` id (fetched from the gateway)
+    /// or the path of an export file.
+    pub async fn resolve(&self, arg: &str) -> Result<Vec<Capture>, AdminError> {
+        let looks_like_id = [RequestId::PREFIX, DeliveryId::PREFIX].iter().any(|p| {
+            arg.strip_prefix(p)
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+        if looks_like_id && !std::path::Path::new(arg).exists() {
+            return Ok(vec![self.capture(arg).await?]);
+        }
+        Ok(crate::capture::load_file(std::path::Path::new(arg))?)
+    }
+
+    /// The captures to export: the ids given, else the history matching `filter`. Requests
+    /// whose body was not kept whole are skipped and named in the second list.
+    pub async fn collect(
+        &self,
+        ids: &[String],
+        filter: &HistoryFilter,
+    ) -> Result<(Vec<Capture>, Vec<String>), AdminError> {
+        let mut captures = Vec::new();
+        let mut skipped = Vec::new();
+        let mut add = |res: Result<Capture, AdminError>, id: String| match res {
+            Ok(c) => {
+                captures.push(c);
+                Ok(())
+            }
+            Err(AdminError::Capture(CaptureError::Truncated(_))) => {
+                skipped.push(id);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        if ids.is_empty() {
+            for id in self.list(filter).await? {
+                add(self.request(id).await, id.to_string())?;
+            }
+        } else {
+            for id in ids {
+                add(self.capture(id).await, id.clone())?;
+            }
+        }
+        Ok((captures, skipped))
+    }
+}
