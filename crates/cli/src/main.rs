@@ -110,6 +110,26 @@ when every phase passed, 1 when one failed, 2 when the check could not run.")]
         #[command(subcommand)]
         command: EventsCommand,
     },
+    /// Work with the dead-letter: deliveries that ran out of attempts.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Create or upgrade the store's tables, then exit (serve does it too, at start).
+    #[command(after_help = "\
+Examples:
+  # Before rolling out a new version to several instances on one PostgreSQL:
+  hooklatch migrate --config hooklatch.toml
+
+  HOOKLATCH_STORE__URL=postgres://hooklatch@db.internal/hooklatch hooklatch migrate --config hooklatch.toml
+
+Safe to run while instances are serving and from several places at once (an advisory lock
+serializes migrations on PostgreSQL).")]
+    Migrate {
+        /// The TOML configuration file (its [store] url).
+        #[arg(short, long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// Check a configuration file (with the environment applied) and exit.
     #[command(after_help = "\
 Examples:
@@ -169,6 +189,68 @@ Examples:
 The file holds the provider's signature headers as received (the provider's signature of that
 body, not a secret); Authorization and Cookie headers are left out.")]
     Export(ExportArgs),
+    /// Deliver a request's events again on purpose, bypassing dedup: new deliveries with their
+    /// own ids and the original Idempotency-Key, so the handler's guard still decides.
+    #[command(after_help = "\
+Examples:
+  # Deliver req_42's event again to every destination of its source:
+  hooklatch events redeliver req_42 --config hooklatch.toml
+
+  # Only to one destination, on another gateway:
+  hooklatch events redeliver req_42 --destination app --admin http://10.0.0.5:8081 --token \"$TOKEN\"
+
+Every call queues anew (nothing is swallowed as a duplicate); the handler sees the same
+Idempotency-Key as the first delivery, so a guarded handler changes nothing.")]
+    Redeliver {
+        /// The request (req_N), as listed by the admin API.
+        #[arg(value_name = "REQUEST")]
+        request: String,
+        /// Only this destination (default: all of the source's).
+        #[arg(long)]
+        destination: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DlqCommand {
+    /// List dead-lettered deliveries, newest first, with their last error.
+    #[command(after_help = "\
+Examples:
+  hooklatch dlq list --config hooklatch.toml
+  hooklatch dlq list --destination app --limit 20 --json")]
+    List {
+        /// Only this destination.
+        #[arg(long)]
+        destination: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Put dead-lettered deliveries back in the queue (same Idempotency-Key, fresh attempts).
+    #[command(after_help = "\
+Examples:
+  hooklatch dlq retry dlv_17 dlv_18 --config hooklatch.toml
+  hooklatch dlq retry --all --destination app --config hooklatch.toml")]
+    Retry {
+        /// The deliveries (dlv_N).
+        #[arg(value_name = "DELIVERY", required_unless_present = "all")]
+        ids: Vec<String>,
+        /// Every dead-lettered delivery (of --destination, if given).
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// With --all: only this destination.
+        #[arg(long, requires = "all")]
+        destination: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
 }
 
 /// Where history comes from: a running gateway's admin API.
@@ -382,6 +464,21 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Events {
             command: EventsCommand::Export(args),
         } => export(args, &env).map(|()| Outcome::Passed),
+        Command::Events {
+            command:
+                EventsCommand::Redeliver {
+                    request,
+                    destination,
+                    admin,
+                },
+        } => redeliver(&request, destination.as_deref(), &admin, &env),
+        Command::Dlq { command } => dlq(command, &env),
+        Command::Migrate { config } => {
+            let settings = config::load(config.as_deref(), &env)?;
+            client_runtime()?.block_on(hooklatch::migrate(&settings.store))?;
+            println!("the store is up to date");
+            Ok(Outcome::Passed)
+        }
         Command::CheckConfig {
             config,
             print_defaults,
@@ -738,6 +835,95 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
     }
     eprintln!("exported {} capture(s)", captures.len());
     Ok(())
+}
+
+fn redeliver(
+    request: &str,
+    destination: Option<&str>,
+    args: &AdminArgs,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<Outcome> {
+    let id = hooklatch::core::RequestId::parse(request)
+        .with_context(|| format!("{request:?} is not a request id (req_N)"))?;
+    let settings = load_config(args, env)?;
+    let admin = admin_client(args, settings.as_ref());
+    let queued = client_runtime()?.block_on(admin.redeliver(id, destination))?;
+    println!("{id}: redelivery queued as {}", queued.join(", "));
+    Ok(Outcome::Passed)
+}
+
+fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
+    let runtime = client_runtime()?;
+    match command {
+        DlqCommand::List {
+            destination,
+            limit,
+            json,
+            admin,
+        } => {
+            let settings = load_config(&admin, env)?;
+            let client = admin_client(&admin, settings.as_ref());
+            let items =
+                runtime.block_on(client.deliveries("dead", destination.as_deref(), limit))?;
+            for item in &items {
+                if json {
+                    println!("{item}");
+                } else {
+                    println!(
+                        "{:<10} {:<10} {:<12} attempts={:<3} {:<40} {}",
+                        item["id"].as_str().unwrap_or("?"),
+                        item["request_id"].as_str().unwrap_or("?"),
+                        item["destination"].as_str().unwrap_or("?"),
+                        item["history"].as_array().map_or(0, Vec::len),
+                        item["idempotency_key"].as_str().unwrap_or("?"),
+                        item["last_error"].as_str().unwrap_or("")
+                    );
+                }
+            }
+            if !json {
+                eprintln!("{} dead-lettered deliver(ies)", items.len());
+            }
+            Ok(Outcome::Passed)
+        }
+        DlqCommand::Retry {
+            ids,
+            all,
+            destination,
+            admin,
+        } => {
+            let settings = load_config(&admin, env)?;
+            let client = admin_client(&admin, settings.as_ref());
+            let ids: Vec<String> = if all {
+                runtime
+                    .block_on(client.deliveries("dead", destination.as_deref(), usize::MAX))?
+                    .iter()
+                    .filter_map(|d| d["id"].as_str().map(str::to_owned))
+                    .collect()
+            } else {
+                ids
+            };
+            let mut failed = 0;
+            for raw in &ids {
+                let Some(id) = hooklatch::core::DeliveryId::parse(raw) else {
+                    eprintln!("{raw}: not a delivery id (dlv_N)");
+                    failed += 1;
+                    continue;
+                };
+                match runtime.block_on(client.retry_delivery(id)) {
+                    Ok(()) => println!("{id}: queued again"),
+                    Err(err) => {
+                        eprintln!("{id}: {err}");
+                        failed += 1;
+                    }
+                }
+            }
+            Ok(if failed == 0 {
+                Outcome::Passed
+            } else {
+                Outcome::Failed
+            })
+        }
+    }
 }
 
 #[cfg(test)]

@@ -179,7 +179,24 @@ impl AdminClient {
 
     /// GETs a JSON document; `None` on 404.
     async fn get(&self, path: &str, query: &[(&str, String)]) -> Result<Option<Value>, AdminError> {
-        let mut req = self.client.get(format!("{}{path}", self.base)).query(query);
+        self.call(reqwest::Method::GET, path, query, None).await
+    }
+
+    /// Calls the API; `Ok(None)` for a 404, the JSON answer for a 2xx, an error otherwise.
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+    ) -> Result<Option<Value>, AdminError> {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .query(query);
+        if let Some(body) = body {
+            req = req.json(&body);
+        }
         if let Some(token) = &self.token {
             req = req.bearer_auth(String::from_utf8_lossy(token.expose()));
         }
@@ -210,6 +227,79 @@ impl AdminClient {
             });
         }
         Ok(Some(value))
+    }
+
+    /// Deliberately delivers a request's events again (to one destination, or all of its
+    /// source's); returns the new deliveries' ids.
+    pub async fn redeliver(
+        &self,
+        id: RequestId,
+        destination: Option<&str>,
+    ) -> Result<Vec<String>, AdminError> {
+        let body = destination.map(|d| serde_json::json!({ "destination": d }));
+        let answer = self
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/requests/{id}/redeliver"),
+                &[],
+                body,
+            )
+            .await?
+            .ok_or_else(|| AdminError::NotFound(id.to_string()))?;
+        Ok(answer["deliveries"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Puts a dead-lettered delivery back in the queue.
+    pub async fn retry_delivery(&self, id: DeliveryId) -> Result<(), AdminError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/deliveries/{id}/retry"),
+            &[],
+            None,
+        )
+        .await?
+        .ok_or_else(|| AdminError::NotFound(id.to_string()))?;
+        Ok(())
+    }
+
+    /// Deliveries in `state` (`pending`, `delivered`, `dead`), newest first, up to `limit`.
+    pub async fn deliveries(
+        &self,
+        state: &str,
+        destination: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<Value>, AdminError> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        while items.len() < limit {
+            let mut query = vec![
+                ("state", state.to_owned()),
+                ("limit", (limit - items.len()).min(500).to_string()),
+            ];
+            if let Some(d) = destination {
+                query.push(("destination", d.to_owned()));
+            }
+            if let Some(c) = &cursor {
+                query.push(("cursor", c.clone()));
+            }
+            let page = self
+                .get("/v1/deliveries", &query)
+                .await?
+                .unwrap_or(Value::Null);
+            items.extend(page["items"].as_array().cloned().unwrap_or_default());
+            match page["next_cursor"].as_str() {
+                Some(next) => cursor = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        Ok(items)
     }
 }
 

@@ -727,6 +727,11 @@ jitter = {jitter:?}
         )
     }
 
+    /// The admin API's base URL (`http://127.0.0.1:PORT`), for the CLI's `--admin`.
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
     /// The raw response to an admin request.
     pub async fn admin_response(
         &self,

@@ -1,0 +1,101 @@
+//! Deliberate redelivery from history: it bypasses dedup on purpose, is recorded with its own
+//! delivery id, and carries the original `Idempotency-Key`, so the handler's guard decides. A
+//! second one is never swallowed. Through the admin API and through `hooklatch events
+//! redeliver`.
+
+use std::process::Command;
+
+use crate::support::{
+    eventually, stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway,
+    Handler, ADMIN_TOKEN,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redelivering_twice_makes_two_recorded_deliveries_with_the_original_key() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start(&handler).await;
+    let id = unique("evt_redeliver");
+    let key = format!("stripe:{id}");
+    let body = stripe_invoice_paid(&id, 5000);
+    let (status, answer) = gateway
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!((status, answer["status"].as_str()), (200, Some("accepted")));
+    let request = answer["request_id"]
+        .as_str()
+        .expect("request_id")
+        .to_owned();
+    gateway.wait_for_delivery_state(&key, "delivered").await;
+
+    // Once through the admin API…
+    let (status, first) = gateway
+        .admin_post(&format!("/v1/requests/{request}/redeliver"))
+        .await;
+    assert_eq!(status, 202, "{first}");
+    // …and once through the CLI.
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args([
+            "events",
+            "redeliver",
+            &request,
+            "--admin",
+            &gateway.admin_url(),
+        ])
+        .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("running hooklatch events redeliver");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(printed.contains("redelivery queued as dlv_"), "{printed}");
+
+    wait_until("three deliveries of the event", || {
+        handler.count_for(&key) == 3
+    })
+    .await;
+    let received = handler.received_for(&key);
+    assert!(
+        received.iter().all(|r| r.body == body),
+        "the same bytes every time"
+    );
+    let ids: Vec<&str> = received
+        .iter()
+        .map(|r| r.header("hooklatch-delivery-id"))
+        .collect();
+    let distinct: std::collections::HashSet<_> = ids.iter().collect();
+    assert_eq!(distinct.len(), 3, "each redelivery has its own id: {ids:?}");
+    assert!(ids.contains(&first["deliveries"][0].as_str().expect("id")));
+
+    eventually(
+        "the request lists its three delivered deliveries",
+        async || {
+            let (_, detail) = gateway.admin_get(&format!("/v1/requests/{request}")).await;
+            let deliveries = detail["deliveries"].as_array().cloned().unwrap_or_default();
+            deliveries.len() == 3
+                && deliveries.iter().all(|d| {
+                    d["state"] == "delivered" && d["idempotency_key"].as_str() == Some(key.as_str())
+                })
+        },
+    )
+    .await;
+
+    // A refused request has nothing to redeliver; an unknown one is not found.
+    let (status, _) = gateway.post("stripe", &[], body.clone()).await;
+    assert_eq!(status, 401);
+    let rejected = gateway.requests("verdict=rejected").await;
+    let rejected_id = rejected[0]["id"].as_str().expect("id").to_owned();
+    let (status, answer) = gateway
+        .admin_post(&format!("/v1/requests/{rejected_id}/redeliver"))
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (409, Some("nothing_to_redeliver"))
+    );
+    let (status, _) = gateway
+        .admin_post("/v1/requests/req_999999/redeliver")
+        .await;
+    assert_eq!(status, 404);
+}
