@@ -189,6 +189,24 @@ Examples:
 The file holds the provider's signature headers as received (the provider's signature of that
 body, not a secret); Authorization and Cookie headers are left out.")]
     Export(ExportArgs),
+    /// Import an export file's captures into a gateway's history (verdict "imported"), to
+    /// replay or redeliver them there, e.g. production events on a laptop.
+    #[command(after_help = "\
+Examples:
+  # On production: export; on the laptop: import, then deliver one to the local handler.
+  hooklatch events export req_41 --config prod.toml --out captures.json
+  hooklatch events import captures.json --config hooklatch.toml
+  hooklatch events redeliver req_7 --config hooklatch.toml
+
+Each capture's source must exist on the importing gateway. Nothing is claimed or queued by
+the import itself; the whole file is checked before anything is stored.")]
+    Import {
+        /// The export file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
     /// Deliver a request's events again on purpose, bypassing dedup: new deliveries with their
     /// own ids and the original Idempotency-Key, so the handler's guard still decides.
     #[command(after_help = "\
@@ -473,6 +491,22 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 },
         } => redeliver(&request, destination.as_deref(), &admin, &env),
         Command::Dlq { command } => dlq(command, &env),
+        Command::Events {
+            command: EventsCommand::Import { file, admin },
+        } => {
+            let text =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let doc: serde_json::Value = serde_json::from_slice(&text)
+                .with_context(|| format!("{} is not JSON", file.display()))?;
+            let settings = load_config(&admin, &env)?;
+            let client = admin_client(&admin, settings.as_ref());
+            let ids = client_runtime()?.block_on(client.import(doc))?;
+            for id in &ids {
+                println!("{id}");
+            }
+            eprintln!("imported {} capture(s)", ids.len());
+            Ok(Outcome::Passed)
+        }
         Command::Migrate { config } => {
             let settings = config::load(config.as_deref(), &env)?;
             client_runtime()?.block_on(hooklatch::migrate(&settings.store))?;

@@ -45,6 +45,9 @@ pub enum Verdict {
     /// A verified provider handshake (Slack `url_verification`, Discord PING, Meta's `GET`
     /// subscription check): answered, not an event, claims nothing.
     Handshake,
+    /// Imported from an export file (another gateway's history): kept for replay and
+    /// redelivery, claims nothing.
+    Imported,
 }
 
 impl Verdict {
@@ -56,6 +59,7 @@ impl Verdict {
             Verdict::Conflict => "conflict",
             Verdict::Rejected => "rejected",
             Verdict::Handshake => "handshake",
+            Verdict::Imported => "imported",
         }
     }
 
@@ -67,6 +71,7 @@ impl Verdict {
             "conflict" => Verdict::Conflict,
             "rejected" => Verdict::Rejected,
             "handshake" => Verdict::Handshake,
+            "imported" => Verdict::Imported,
             _ => return None,
         })
     }
@@ -441,6 +446,15 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records a rejected request in history. Touches no claim and no outbox row.
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError>;
+
+    /// Records a capture imported from an export file (verdict [`Verdict::Imported`]) with the
+    /// event keys it carried, for replay and [`redeliver`](Self::redeliver). Touches no claim
+    /// and no outbox row.
+    async fn record_import(
+        &self,
+        request: RequestRecord,
+        keys: Vec<String>,
+    ) -> Result<RequestId, StoreError>;
 
     /// Records a verified handshake (verdict [`Verdict::Handshake`]) answered with `status`.
     /// Touches no claim and no outbox row.

@@ -256,6 +256,29 @@ impl AdminClient {
             .unwrap_or_default())
     }
 
+    /// Imports an export file's captures into the gateway's history (verdict `imported`);
+    /// returns the new request ids.
+    pub async fn import(&self, export: Value) -> Result<Vec<String>, AdminError> {
+        let answer = self
+            .call(
+                reqwest::Method::POST,
+                "/v1/requests/import",
+                &[],
+                Some(export),
+            )
+            .await?
+            .unwrap_or(Value::Null);
+        Ok(answer["imported"]
+            .as_array()
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(|i| i["request_id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// Puts a dead-lettered delivery back in the queue.
     pub async fn retry_delivery(&self, id: DeliveryId) -> Result<(), AdminError> {
         self.call(

@@ -267,6 +267,14 @@ pub(crate) async fn record_rejection(
     .await
 }
 
+pub(crate) async fn record_import(
+    conn: &mut PgConnection,
+    request: &RequestRecord,
+    keys: &[String],
+) -> Result<RequestId, sqlx::Error> {
+    insert_request(conn, request, Verdict::Imported, None, 202, keys).await
+}
+
 pub(crate) async fn record_handshake(
     conn: &mut PgConnection,
     request: &RequestRecord,

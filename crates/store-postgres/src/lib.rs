@@ -257,6 +257,18 @@ impl Store for PostgresStore {
         }
     }
 
+    async fn record_import(
+        &self,
+        request: RequestRecord,
+        keys: Vec<String>,
+    ) -> Result<RequestId, StoreError> {
+        // Not on the hot path: one short transaction of its own, outside group commit.
+        let mut conn = self.pool().acquire().await.map_err(map_err)?;
+        ingest::record_import(&mut conn, &request, &keys)
+            .await
+            .map_err(map_err)
+    }
+
     async fn record_handshake(
         &self,
         request: RequestRecord,

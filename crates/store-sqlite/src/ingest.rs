@@ -116,6 +116,22 @@ pub(crate) fn record_rejection(
     )
 }
 
+pub(crate) fn record_import(
+    conn: &Connection,
+    request: &RequestRecord,
+    keys: &[String],
+) -> rusqlite::Result<RequestId> {
+    let keys_json = serde_json::to_string(keys).expect("a list of strings serializes");
+    let id = insert_request(conn, request, Verdict::Imported, None, 202, &keys_json)?;
+    for key in keys {
+        conn.execute(
+            "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
+            params![key, id.0],
+        )?;
+    }
+    Ok(id)
+}
+
 pub(crate) fn record_handshake(
     conn: &Connection,
     request: &RequestRecord,

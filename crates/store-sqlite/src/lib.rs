@@ -208,6 +208,16 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn record_import(
+        &self,
+        request: RequestRecord,
+        keys: Vec<String>,
+    ) -> Result<RequestId, StoreError> {
+        self.writer
+            .run(move |tx| ingest::record_import(tx, &request, &keys))
+            .await
+    }
+
     async fn record_handshake(
         &self,
         request: RequestRecord,

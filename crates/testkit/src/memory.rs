@@ -512,6 +512,16 @@ impl Store for MemoryStore {
         ))
     }
 
+    async fn record_import(
+        &self,
+        request: RequestRecord,
+        keys: Vec<String>,
+    ) -> Result<RequestId, StoreError> {
+        Ok(self
+            .state()
+            .insert_request(request, Verdict::Imported, None, 202, keys))
+    }
+
     async fn record_handshake(
         &self,
         request: RequestRecord,

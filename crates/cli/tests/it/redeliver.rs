@@ -99,3 +99,80 @@ async fn redelivering_twice_makes_two_recorded_deliveries_with_the_original_key(
         .await;
     assert_eq!(status, 404);
 }
+
+/// Export from one gateway → import into another → redeliver there: the second gateway's
+/// handler gets the identical bytes with the original `Idempotency-Key`, and the import itself
+/// claims nothing (the same event arriving for real is still new there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exported_capture_imported_elsewhere_redelivers_byte_exact() {
+    let production = Handler::start(Behaviour::AlwaysOk).await;
+    let prod = Gateway::start(&production).await;
+    let id = unique("evt_import");
+    let key = format!("stripe:{id}");
+    let body = stripe_invoice_paid(&id, 5000);
+    let (status, answer) = prod
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let request = answer["request_id"]
+        .as_str()
+        .expect("request_id")
+        .to_owned();
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("captures.json");
+    let hooklatch = |args: &[&str], admin: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args(args)
+            .args(["--admin", admin])
+            .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("running hooklatch");
+        assert!(
+            out.status.success(),
+            "hooklatch {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let file_arg = file.to_str().expect("utf-8 path");
+    hooklatch(
+        &["events", "export", &request, "--out", file_arg],
+        &prod.admin_url(),
+    );
+    let exported = std::fs::read_to_string(&file).expect("the export file");
+    assert!(!exported.contains(ADMIN_TOKEN), "no token in an export");
+
+    let laptop_handler = Handler::start(Behaviour::AlwaysOk).await;
+    let laptop = Gateway::start(&laptop_handler).await;
+    let imported = hooklatch(&["events", "import", file_arg], &laptop.admin_url());
+    let imported_id = imported
+        .lines()
+        .next()
+        .expect("an imported id")
+        .trim()
+        .to_owned();
+    assert!(imported_id.starts_with("req_"), "{imported}");
+    let listed = laptop.requests("verdict=imported").await;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["keys"][0].as_str(), Some(id.as_str()));
+    assert!(
+        laptop.deliveries("").await.is_empty(),
+        "an import queues nothing"
+    );
+
+    hooklatch(&["events", "redeliver", &imported_id], &laptop.admin_url());
+    wait_until("the laptop's handler got the event", || {
+        laptop_handler.count_for(&key) == 1
+    })
+    .await;
+    let got = &laptop_handler.received_for(&key)[0];
+    assert_eq!(got.body, body, "byte-exact");
+    assert!(got.header("stripe-signature").starts_with("t="));
+
+    // The import claimed nothing: the same event arriving for real is new on the laptop.
+    let (status, answer) = laptop
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!((status, answer["status"].as_str()), (200, Some("accepted")));
+}

@@ -6,7 +6,9 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
-use hooklatch_core::store::{DeliveryDetail, Redelivery, RequestFilter, RequestSummary, Verdict};
+use hooklatch_core::store::{
+    DeliveryDetail, Redelivery, RequestFilter, RequestRecord, RequestSummary, Verdict,
+};
 use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -185,6 +187,105 @@ pub(crate) async fn redeliver(
             ),
         )),
     }
+}
+
+/// An export file (`hooklatch events export`), as far as import reads it.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ImportDoc {
+    hooklatch_export: u32,
+    captures: Vec<ImportCapture>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImportCapture {
+    request_id: Option<String>,
+    source: String,
+    method: Option<String>,
+    path: Option<String>,
+    #[serde(default)]
+    keys: Vec<String>,
+    #[serde(default)]
+    headers: Vec<ImportHeader>,
+    body_base64: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ImportHeader {
+    name: String,
+    value: Option<String>,
+    value_base64: Option<String>,
+}
+
+/// The largest export file import takes.
+pub(crate) const IMPORT_LIMIT: usize = 64 << 20;
+
+/// Imports captures from an export file into history (verdict `imported`), so they can be
+/// replayed or redelivered here. Nothing is claimed or queued; each capture is checked whole
+/// before any is stored.
+pub(crate) async fn import(
+    State(state): State<Arc<AdminState>>,
+    Json(doc): Json<ImportDoc>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if doc.hooklatch_export != 1 {
+        return Err(ApiError::bad_parameter(format!(
+            "hooklatch_export {} is not a version this gateway reads (1)",
+            doc.hooklatch_export
+        )));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let now = Timestamp::now();
+    let mut records = Vec::with_capacity(doc.captures.len());
+    for (i, capture) in doc.captures.into_iter().enumerate() {
+        let bad = |what: String| ApiError::bad_parameter(format!("captures[{i}]: {what}"));
+        if !state.destinations.contains_key(&capture.source) {
+            return Err(bad(format!(
+                "no source named {:?} is configured on this gateway",
+                capture.source
+            )));
+        }
+        if capture.keys.is_empty() {
+            return Err(bad("has no event keys".to_owned()));
+        }
+        for key in &capture.keys {
+            hooklatch_core::EventKey::parse(key).map_err(|e| bad(format!("key {key:?} {e}")))?;
+        }
+        let body = b64
+            .decode(&capture.body_base64)
+            .map_err(|_| bad("body_base64 is not base64".to_owned()))?;
+        let mut headers = Vec::with_capacity(capture.headers.len());
+        for h in capture.headers {
+            let value = match (h.value, h.value_base64) {
+                (Some(text), _) => text.into_bytes(),
+                (None, Some(encoded)) => b64
+                    .decode(encoded)
+                    .map_err(|_| bad(format!("header {}: value_base64 is not base64", h.name)))?,
+                (None, None) => Vec::new(),
+            };
+            headers.push((h.name.to_ascii_lowercase(), value));
+        }
+        let record = RequestRecord {
+            received_at: now,
+            path: capture
+                .path
+                .unwrap_or_else(|| format!("/in/{}", capture.source)),
+            source: capture.source,
+            method: capture.method.unwrap_or_else(|| "POST".to_owned()),
+            peer: None,
+            headers,
+            body: body.into(),
+            body_truncated: false,
+        };
+        records.push((capture.request_id, record, capture.keys));
+    }
+    let mut imported = Vec::with_capacity(records.len());
+    for (original, record, keys) in records {
+        let id = state.store.record_import(record, keys.clone()).await?;
+        imported.push(
+            json!({ "request_id": id.to_string(), "original_request_id": original, "keys": keys }),
+        );
+    }
+    tracing::info!(n = imported.len(), "captures imported");
+    Ok((StatusCode::CREATED, Json(json!({ "imported": imported }))))
 }
 
 pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {

@@ -628,3 +628,45 @@ pub async fn handshakes_are_recorded_in_history_and_claim_nothing<S: Store>(stor
     assert!(detail.deliveries.is_empty());
     assert_eq!(store.stats().await.expect("stats").claims, 0);
 }
+
+/// An imported capture is kept byte-exact with verdict `imported` and its keys, claims
+/// nothing, and can be redelivered with its events' `Idempotency-Key`s.
+pub async fn imports_are_kept_and_redeliverable_but_claim_nothing<S: Store>(store: S) {
+    let id = store
+        .record_import(request(SOURCE, BODY, T0), vec!["evt_imported".to_owned()])
+        .await
+        .expect("record_import");
+    let listed = store
+        .list_requests(RequestFilter {
+            key: Some("evt_imported".to_owned()),
+            limit: 10,
+            ..RequestFilter::default()
+        })
+        .await
+        .expect("list_requests");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, id);
+    assert_eq!(listed[0].verdict, Verdict::Imported);
+    assert_eq!(listed[0].keys, ["evt_imported"]);
+    let detail = store
+        .get_request(id)
+        .await
+        .expect("get_request")
+        .expect("kept");
+    assert_eq!(&detail.body[..], BODY);
+    assert_eq!(store.stats().await.expect("stats").claims, 0);
+    // The same key arriving for real is new: an import claims nothing.
+    let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_imported"], BODY, at(1))).await;
+    assert_eq!(outcome.verdict(), Verdict::Accepted);
+
+    let dest = vec![DESTINATIONS[0].to_owned()];
+    let queued = store.redeliver(id, dest, at(2)).await.expect("redeliver");
+    let hooklatch_core::store::Redelivery::Queued(queued) = queued else {
+        panic!("an imported capture is redeliverable: {queued:?}");
+    };
+    assert_eq!(queued.len(), 1);
+    let all = all_deliveries(&store).await;
+    let row = all.iter().find(|d| d.id == queued[0]).expect("queued row");
+    assert_eq!(row.idempotency_key, idempotency_key(SOURCE, "evt_imported"));
+    assert_eq!(row.request_id, id);
+}

@@ -42,6 +42,7 @@ pub use claims::{
 pub use history::{
     get_request_returns_the_request_byte_exact_with_its_deliveries,
     handshakes_are_recorded_in_history_and_claim_nothing,
+    imports_are_kept_and_redeliverable_but_claim_nothing,
     list_deliveries_filters_and_pages_newest_first, list_requests_filters_and_pages_newest_first,
     purge_removes_claims_expired_at_or_before_now,
     purge_removes_old_finished_history_with_its_deliveries,
@@ -84,6 +85,7 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         a_claim_is_kept_for_its_retention_then_replaced,
         rejections_are_recorded_in_history_and_claim_nothing,
         handshakes_are_recorded_in_history_and_claim_nothing,
+        imports_are_kept_and_redeliverable_but_claim_nothing,
         lease_due_returns_due_deliveries_with_the_request_byte_exact,
         a_leased_delivery_is_not_leased_again_until_its_lease_expires,
         deliveries_not_yet_due_are_not_leased,
