@@ -10,6 +10,7 @@ mod support;
 mod crash;
 mod forgery;
 mod postgres;
+mod providers;
 mod redeliver;
 mod rejections;
 mod retries;

@@ -1,0 +1,316 @@
+//! Every provider through a real gateway: each test event (the same fixtures `hooklatch send`
+//! uses) is refused with a wrong secret, a tampered body, missing signature headers and — where
+//! the provider signs a timestamp — a stale one, each with its status and code and nothing
+//! claimed; then accepted and delivered exactly once, however often it is sent. The handshakes
+//! are answered as each provider expects, and a WhatsApp retry that batches overlapping items
+//! differently processes each message and status once.
+
+use hooklatch::core::provider::{SignRequest, WhatsApp};
+use hooklatch::core::{ProviderAdapter, Secret, Timestamp};
+use hooklatch::fixtures;
+use serde_json::json;
+
+use crate::support::{unique, wait_until, Behaviour, Gateway, Handler, Options};
+
+/// A source per provider: (provider, source name, signing secret, extra TOML lines).
+const SOURCES: &[(&str, &str, &str, &str)] = &[
+    ("stripe", "p-stripe", "whsec_providers_stripe", ""),
+    ("github", "p-github", "providers github secret", ""),
+    (
+        "standard-webhooks",
+        "p-svix",
+        "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+        "",
+    ),
+    ("shopify", "p-shopify", "shpss_providers", ""),
+    ("twilio", "p-twilio", "twilio-auth-token", ""),
+    ("slack", "p-slack", "slack-signing-secret", ""),
+    (
+        "whatsapp",
+        "p-whatsapp",
+        "meta-app-secret",
+        "verify_token = \"meta-verify\"\n",
+    ),
+    (
+        "discord",
+        "p-discord",
+        // RFC 8032's test key: this seed signs, the public key below verifies.
+        "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60",
+        "public_key = \"d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a\"\n",
+    ),
+    ("razorpay", "p-razorpay", "razorpay-secret", ""),
+    ("paddle", "p-paddle", "pdl_ntfset_providers", ""),
+];
+
+/// Providers whose signature covers a timestamp (so a stale one is refused).
+const TIMESTAMPED: &[&str] = &["stripe", "standard-webhooks", "slack", "discord", "paddle"];
+
+fn options() -> Options {
+    let mut extra = String::new();
+    for (provider, source, secret, more) in SOURCES {
+        let secrets = if *provider == "discord" {
+            String::new()
+        } else {
+            format!("secrets = [\"{secret}\"]\n")
+        };
+        extra.push_str(&format!(
+            "[[sources]]\nname = \"{source}\"\nprovider = \"{provider}\"\n{secrets}{more}destinations = [\"app\"]\n\n"
+        ));
+    }
+    Options {
+        extra_config: extra,
+        ..Options::default()
+    }
+}
+
+fn wrong_secret(provider: &str) -> Secret {
+    match provider {
+        "discord" => Secret::from_text(&"11".repeat(32)),
+        _ => Secret::from_text("whsec_d3Jvbmcgc2VjcmV0IGZvciB0ZXN0cw=="),
+    }
+}
+
+/// Headers carrying a signature (or its timestamp), which a "missing" case leaves out.
+fn is_signature_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["signature", "hmac", "-timestamp"]
+        .iter()
+        .any(|part| name.contains(part))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_provider_refuses_forgeries_and_delivers_each_event_once() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options()).await;
+    let ingest = gateway.ingest();
+    let base = format!("http://{}", ingest.addr());
+    let mut expected_keys = 0;
+    for (provider, source, secret, _) in SOURCES {
+        let secret = Secret::from_text(secret);
+        let url = format!("{base}/in/{source}");
+        for (_, name) in fixtures::catalog().filter(|(p, _)| p == provider) {
+            let what = format!("{provider}/{name}");
+            let id = unique("pid");
+            let now = Timestamp::now();
+            let event = fixtures::build(provider, Some(name), Some(&id), &secret, &url, now)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+
+            let forged = fixtures::build(
+                provider,
+                Some(name),
+                Some(&id),
+                &wrong_secret(provider),
+                &url,
+                now,
+            )
+            .expect("forged event");
+            let (status, body) = ingest.post(source, &forged.headers, forged.body).await;
+            assert_eq!(status, 401, "{what} wrong secret: {body}");
+            assert!(
+                matches!(
+                    body["code"].as_str(),
+                    Some("invalid_signature" | "malformed_signature")
+                ),
+                "{what} wrong secret: {body}"
+            );
+
+            let mut tampered = event.body.clone();
+            tampered.push(b' ');
+            let (status, body) = ingest.post(source, &event.headers, tampered).await;
+            assert_eq!(status, 401, "{what} tampered: {body}");
+
+            let unsigned: Vec<_> = event
+                .headers
+                .iter()
+                .filter(|(n, _)| !is_signature_header(n))
+                .cloned()
+                .collect();
+            let (status, body) = ingest.post(source, &unsigned, event.body.clone()).await;
+            assert_eq!(status, 401, "{what} unsigned: {body}");
+
+            if TIMESTAMPED.contains(provider) {
+                let old = now.minus(std::time::Duration::from_secs(400));
+                let stale = fixtures::build(provider, Some(name), Some(&id), &secret, &url, old)
+                    .expect("stale event");
+                let (status, body) = ingest.post(source, &stale.headers, stale.body).await;
+                assert_eq!(
+                    (status, body["code"].as_str()),
+                    (401, Some("stale_timestamp")),
+                    "{what} stale"
+                );
+            }
+
+            // Nothing above claimed the id: the genuine event is new, then a duplicate.
+            for round in 0..2 {
+                let (status, body) = ingest
+                    .post(source, &event.headers, event.body.clone())
+                    .await;
+                assert_eq!(status, 200, "{what} genuine #{round}: {body}");
+                if body.is_object() && body.get("status").is_some() {
+                    let want = if round == 0 { "accepted" } else { "duplicate" };
+                    assert_eq!(body["status"].as_str(), Some(want), "{what} #{round}");
+                }
+            }
+            expected_keys += if name == "batch" { 5 } else { 1 };
+        }
+    }
+
+    wait_until("every genuine event delivered", || {
+        handler.distinct_keys().len() == expected_keys
+    })
+    .await;
+    let mut per_key = std::collections::HashMap::<String, usize>::new();
+    for received in handler.received() {
+        *per_key.entry(received.key.unwrap_or_default()).or_default() += 1;
+    }
+    assert!(
+        per_key.values().all(|n| *n == 1),
+        "each event exactly once: {per_key:?}"
+    );
+    let rejected = gateway.requests("verdict=rejected").await;
+    assert!(rejected.len() >= 3 * 20, "every refusal is in history");
+    println!(
+        "providers: {} events delivered once each, {} refusals recorded",
+        per_key.len(),
+        rejected.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshakes_are_answered_as_each_provider_expects_and_claim_nothing() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options()).await;
+    let ingest = gateway.ingest();
+    let now = Timestamp::now();
+
+    // Slack url_verification: the challenge, as JSON.
+    let slack = fixtures::signer("slack", &Secret::from_text("slack-signing-secret")).unwrap();
+    let body = br#"{"token":"t","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
+    let headers = sign(slack.as_ref(), "slack-signing-secret", body, now);
+    let res = ingest
+        .send("p-slack", &headers, body.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let answer: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        answer,
+        json!({"challenge": "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"})
+    );
+
+    // Meta's GET subscription check: the challenge as text, only with the right token.
+    let client = reqwest::Client::new();
+    let base = format!("http://{}/in/p-whatsapp", ingest.addr());
+    let res = client
+        .get(format!(
+            "{base}?hub.mode=subscribe&hub.verify_token=meta-verify&hub.challenge=1158201444"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.text().await.unwrap(), "1158201444");
+    let res = client
+        .get(format!(
+            "{base}?hub.mode=subscribe&hub.verify_token=nope&hub.challenge=1158201444"
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+
+    // Discord PING: PONG.
+    let seed = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60";
+    let discord = fixtures::signer("discord", &Secret::from_text(seed)).unwrap();
+    let body = br#"{"id":"1234567890","application_id":"42","type":1,"version":1}"#;
+    let headers = sign(discord.as_ref(), seed, body, now);
+    let res = ingest
+        .send("p-discord", &headers, body.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let answer: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(answer, json!({"type": 1}));
+
+    let handshakes = gateway.requests("verdict=handshake").await;
+    assert_eq!(handshakes.len(), 3, "{handshakes:?}");
+    assert!(
+        gateway.deliveries("").await.is_empty(),
+        "handshakes queue nothing"
+    );
+    assert_eq!(handler.total(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whatsapp_retry_that_batches_items_differently_processes_each_once() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options()).await;
+    let ingest = gateway.ingest();
+    let wamid = |n: u32| format!("wamid.{}.{n}", unique("w"));
+    let (m1, m2, m3, s1) = (wamid(1), wamid(2), wamid(3), wamid(4));
+    let message = |id: &str| json!({"from": "16505551234", "id": id, "timestamp": "1700000000", "type": "text", "text": {"body": "hi"}});
+    let status = |id: &str, s: &str| json!({"id": id, "status": s, "timestamp": "1700000000", "recipient_id": "16505551234"});
+    let delivery = |messages: Vec<serde_json::Value>, statuses: Vec<serde_json::Value>| {
+        serde_json::to_vec(&json!({
+            "object": "whatsapp_business_account",
+            "entry": [{"id": "102290129340398", "changes": [{"field": "messages", "value": {
+                "messaging_product": "whatsapp", "messages": messages, "statuses": statuses
+            }}]}]
+        }))
+        .unwrap()
+    };
+    // The first delivery; then a retry that re-batches: one message again, one new, the same
+    // status again and a newer status of the same message.
+    let first = delivery(vec![message(&m1), message(&m2)], vec![status(&s1, "sent")]);
+    let retry = delivery(
+        vec![message(&m2), message(&m3)],
+        vec![status(&s1, "sent"), status(&s1, "delivered")],
+    );
+    let adapter = WhatsApp { verify_token: None };
+    for body in [&first, &retry, &first] {
+        let headers = sign(&adapter, "meta-app-secret", body, Timestamp::now());
+        let (code, answer) = ingest.post("p-whatsapp", &headers, body.clone()).await;
+        assert_eq!(code, 200, "{answer}");
+    }
+    let keys: Vec<String> = [
+        m1.clone(),
+        m2.clone(),
+        m3.clone(),
+        format!("{s1}:sent"),
+        format!("{s1}:delivered"),
+    ]
+    .iter()
+    .map(|k| format!("p-whatsapp:{k}"))
+    .collect();
+    wait_until("every item delivered", || {
+        keys.iter().all(|k| handler.count_for(k) >= 1)
+    })
+    .await;
+    // Let anything extra arrive, then count: each item exactly once.
+    let (_, _) = gateway.admin_get("/v1/deliveries?state=pending").await;
+    gateway.wait_for_delivery_state(&keys[4], "delivered").await;
+    for key in &keys {
+        assert_eq!(handler.count_for(key), 1, "{key}");
+    }
+    assert_eq!(handler.total(), 5);
+}
+
+/// The provider's signature headers for `body`, as its adapter signs them.
+fn sign(
+    adapter: &dyn ProviderAdapter,
+    secret: &str,
+    body: &[u8],
+    now: Timestamp,
+) -> Vec<(String, String)> {
+    let secret = Secret::from_text(secret);
+    let mut headers = vec![("content-type".to_owned(), "application/json".to_owned())];
+    headers.extend(adapter.sign(&SignRequest {
+        body,
+        secret: &secret,
+        now,
+        event_key: "unused",
+        event_type: None,
+        url: "http://127.0.0.1/in/x",
+    }));
+    headers
+}
