@@ -298,3 +298,86 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
     drop(gateways);
     db.drop_now().await;
 }
+
+/// A session holding an uncommitted claim of key X (as another gateway mid-transaction
+/// would) makes the gateway's ingest of X wait on the unique index — visible in
+/// `pg_stat_activity` as a lock wait — then answer `duplicate` once it commits, or claim X
+/// (`accepted`) once it rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            ..Options::default()
+        },
+    )
+    .await;
+    for (finish, expected) in [("COMMIT", "duplicate"), ("ROLLBACK", "accepted")] {
+        let id = unique("evt_pg_wait");
+        let body = stripe_invoice_paid(&id, 5000);
+        let sha = hooklatch::core::secret::sha256(&body);
+        let now = hooklatch::core::Timestamp::now().as_millis();
+        let mut holder = sqlx::PgConnection::connect(&db.url())
+            .await
+            .expect("a second session");
+        sqlx::query("BEGIN")
+            .execute(&mut holder)
+            .await
+            .expect("BEGIN");
+        sqlx::query(
+            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+             VALUES ('stripe', $1, $2, 0, $3, $4)",
+        )
+        .bind(&id)
+        .bind(&sha[..])
+        .bind(now)
+        .bind(now + 7 * 86_400_000)
+        .execute(&mut holder)
+        .await
+        .expect("the uncommitted claim");
+
+        let ingest = gateway.ingest();
+        let post = tokio::spawn({
+            let body = body.clone();
+            async move { ingest.post("stripe", &stripe_headers(&body), body).await }
+        });
+        let mut watcher = sqlx::PgConnection::connect(&db.url())
+            .await
+            .expect("a watching session");
+        eventually_within(
+            "the gateway's ingest waits on a lock",
+            Duration::from_secs(30),
+            async || {
+                let waiting: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                )
+                .fetch_one(&mut watcher)
+                .await
+                .expect("pg_stat_activity");
+                waiting > 0
+            },
+        )
+        .await;
+        assert!(!post.is_finished(), "no answer while the claim is in doubt");
+
+        sqlx::query(finish)
+            .execute(&mut holder)
+            .await
+            .expect(finish);
+        let (status, answer) = post.await.expect("the ingest task");
+        assert_eq!(status, 200, "{finish}: {answer}");
+        assert_eq!(
+            answer["status"].as_str(),
+            Some(expected),
+            "{finish}: {answer}"
+        );
+    }
+    drop(gateway);
+    db.drop_now().await;
+}
