@@ -105,6 +105,28 @@ Examples:
 :key is a bind parameter (the event's key, as text), never pasted into the SQL. Exit status: 0
 when every phase passed, 1 when one failed, 2 when the check could not run.")]
     Check(CheckArgs),
+    /// Load-test a running gateway's ingest: throughput, latency percentiles, the server's
+    /// memory, beside the machine's HTTP ceiling; and end-to-end delivery.
+    #[command(after_help = "\
+Examples:
+  # 10,000 pre-signed Stripe events, 10 % duplicates, 64 in flight, beside the HTTP ceiling,
+  # with the gateway's peak memory:
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
+    --events 10000 --duplicates 0.1 --body-size 2048 --concurrency 64 --baseline --pid \"$(pgrep -n hooklatch)\"
+
+  # Open loop at 2,000 requests/s for 10 s (latency from each request's due time):
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --rate 2000 --duration 10s --events 20000
+
+  # End-to-end delivery: the gateway's destination is http://127.0.0.1:9090/sink
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 5000 --sink-listen 127.0.0.1:9090
+
+  # For scripts (bench/run builds its table from this):
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 200 --json
+
+Duplicates are a share of all requests: byte-identical copies, half sent right behind their
+original, half after it was answered. Exit status: 0 when every request was answered 200, 1
+when any was not, 2 when the bench could not run.")]
+    Bench(BenchArgs),
     /// Work with the gateway's history of events.
     Events {
         #[command(subcommand)]
@@ -437,6 +459,67 @@ struct ExportArgs {
     admin: AdminArgs,
 }
 
+#[derive(Debug, clap::Args)]
+#[command(group = clap::ArgGroup::new("pace").args(["concurrency", "rate"]))]
+struct BenchArgs {
+    /// The gateway's ingest base URL.
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    target: String,
+    /// The source: requests go to {target}/in/{source}.
+    #[arg(long, default_value = "stripe")]
+    source: String,
+    /// The provider whose signed test events are sent.
+    #[arg(long, default_value = "stripe")]
+    provider: String,
+    /// The source's signing secret: a literal, env:NAME or file:PATH.
+    #[arg(long, default_value = "whsec_local_development_only")]
+    secret: String,
+    /// Distinct events, pre-signed before the run.
+    #[arg(long, short = 'n', default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    events: u64,
+    /// Share of all requests that are duplicates (0.0–0.9).
+    #[arg(long, default_value_t = 0.0)]
+    duplicates: f64,
+    /// Pad each body with a JSON field to this many bytes (0: the fixture as it is).
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    body_size: usize,
+    /// Closed loop: requests in flight at once [default: 16].
+    #[arg(long, short = 'k', value_parser = clap::value_parser!(u32).range(1..=4096))]
+    concurrency: Option<u32>,
+    /// Open loop: requests per second, each due at a fixed time.
+    #[arg(long, value_name = "PER_SECOND")]
+    rate: Option<f64>,
+    /// Stop sending new requests after this long.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    duration: Option<Duration>,
+    /// Time allowed for one request.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
+    timeout: Duration,
+    /// The gateway's process id: its resident memory (VmRSS, VmHWM) is sampled from /proc.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// First run the same load against a minimal in-process hyper server answering 200 (the
+    /// HTTP ceiling), and report the ratio.
+    #[arg(long)]
+    baseline: bool,
+    /// Start a delivery sink on an ephemeral port (printed; point a destination at it).
+    #[arg(long)]
+    sink: bool,
+    /// Start the delivery sink on this address (what the gateway's destination names, path
+    /// /sink); implies --sink.
+    #[arg(long, value_name = "ADDR")]
+    sink_listen: Option<std::net::SocketAddr>,
+    /// The sink waits this long before each answer (a slow destination).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "0ms")]
+    sink_delay: Duration,
+    /// How long to wait for every accepted event to reach the sink.
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "60s")]
+    sink_wait: Duration,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
 fn duration_arg(s: &str) -> Result<Duration, String> {
     config::parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration like 250ms, 30s, 10m"))
 }
@@ -479,6 +562,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Send(args) => send(args, &env).map(|()| Outcome::Passed),
         Command::Replay(args) => replay(args, &env),
         Command::Check(args) => check(args, &env),
+        Command::Bench(args) => bench(args, &env),
         Command::Events {
             command: EventsCommand::Export(args),
         } => export(args, &env).map(|()| Outcome::Passed),
@@ -829,6 +913,137 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             print_out(&report.render());
         }
         Ok(if report.ok() {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        })
+    })
+}
+
+fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
+    use hooklatch::bench::{self, BenchOptions, Load};
+    let opts = BenchOptions {
+        target: args.target.clone(),
+        source: args.source.clone(),
+        provider: args.provider.clone(),
+        secret: config::read_secret("--secret", &args.secret, env, None)?,
+        events: args.events,
+        duplicates: args.duplicates,
+        body_size: args.body_size,
+        load: match (args.rate, args.concurrency) {
+            (Some(rate), _) => Load::Rate(rate),
+            (None, k) => Load::Concurrency(k.unwrap_or(16)),
+        },
+        duration: args.duration,
+        timeout: args.timeout,
+    };
+    client_runtime()?.block_on(async {
+        let plan = std::sync::Arc::new(bench::plan(&opts)?);
+        let total = plan.len() as u64;
+        let mut doc = serde_json::json!({
+            "target": opts.target,
+            "provider": opts.provider,
+            "events": opts.events,
+            "duplicates_share": opts.duplicates,
+            "body_bytes": plan.events.first().map_or(0, |e| e.body.len()),
+            "load": match opts.load {
+                Load::Concurrency(k) => serde_json::json!({"concurrency": k}),
+                Load::Rate(r) => serde_json::json!({"rate": r}),
+            },
+        });
+        let mut baseline = None;
+        if args.baseline {
+            let server = bench::baseline_server()?;
+            let bar = progress_bar(total, args.json);
+            let tick = bar.clone();
+            bar.set_message("baseline");
+            let report = bench::run(
+                plan.clone(),
+                &format!("http://{}", server.addr),
+                &opts,
+                "baseline (hyper, 200)",
+                std::sync::Arc::new(move || tick.inc(1)),
+            )
+            .await?;
+            bar.finish_and_clear();
+            drop(server);
+            if !args.json {
+                print_out(&report.render());
+            }
+            doc["baseline"] = report.to_json();
+            baseline = Some(report);
+        }
+        let sink = match (args.sink_listen, args.sink) {
+            (Some(addr), _) => Some(bench::Sink::start(addr, args.sink_delay).await?),
+            (None, true) => {
+                let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+                Some(bench::Sink::start(any, args.sink_delay).await?)
+            }
+            (None, false) => None,
+        };
+        if let Some(sink) = &sink {
+            eprintln!("delivery sink: http://{}/sink", sink.addr);
+        }
+        let sampler = args.pid.map(bench::RssSampler::start).transpose()?;
+        let rss_before = sampler.as_ref().and_then(|s| s.now());
+        let bar = progress_bar(total, args.json);
+        bar.set_message("hooklatch");
+        let tick = bar.clone();
+        let report = bench::run(
+            plan.clone(),
+            &opts.target,
+            &opts,
+            "hooklatch",
+            std::sync::Arc::new(move || tick.inc(1)),
+        )
+        .await?;
+        bar.finish_and_clear();
+        if !args.json {
+            print_out(&report.render());
+        }
+        doc["hooklatch"] = report.to_json();
+        if let Some(base) = &baseline {
+            let ratio = report.throughput() / base.throughput().max(1e-9);
+            doc["ratio_to_ceiling"] = ratio.into();
+            if !args.json {
+                print_out(&format!(
+                    "hooklatch / ceiling: {:.1} %\n",
+                    100.0 * ratio
+                ));
+            }
+        }
+        if let Some(sink) = &sink {
+            let delivery = sink
+                .wait_and_measure(&report, &opts.source, args.sink_wait)
+                .await;
+            if !args.json {
+                print_out(&delivery.render());
+            }
+            doc["delivery"] = delivery.to_json();
+        }
+        if let Some(sampler) = &sampler {
+            let (rss_after, hwm) = sampler.now().unwrap_or((0, 0));
+            let memory = serde_json::json!({
+                "rss_before_kib": rss_before.map(|r| r.0),
+                "rss_peak_sampled_kib": sampler.peak(),
+                "rss_after_kib": rss_after,
+                "vm_hwm_kib": hwm,
+            });
+            if !args.json {
+                print_out(&format!(
+                    "server memory: {:.1} MiB before, peak {:.1} MiB sampled (VmHWM {:.1} MiB), {:.1} MiB after\n",
+                    rss_before.map_or(0, |r| r.0) as f64 / 1024.0,
+                    sampler.peak() as f64 / 1024.0,
+                    hwm as f64 / 1024.0,
+                    rss_after as f64 / 1024.0
+                ));
+            }
+            doc["memory"] = memory;
+        }
+        if args.json {
+            print_out(&format!("{doc:#}\n"));
+        }
+        Ok(if report.all_ok() {
             Outcome::Passed
         } else {
             Outcome::Failed

@@ -7,6 +7,7 @@
 //! so expiry and backoff are testable without sleeping.
 //!
 //! Layout:
+//! - [`headers`]: the byte-exact encoding stores keep request headers in.
 //! - [`id`]: validated newtypes for names, keys and row ids.
 //! - [`time`]: [`Timestamp`], milliseconds since the Unix epoch.
 //! - [`secret`]: [`Secret`], a signing key that never prints, and constant-time MAC checks.
@@ -18,6 +19,7 @@
 //! Meant for reuse: embedders verify provider webhooks with [`provider`] alone.
 #![forbid(unsafe_code)]
 
+pub mod headers;
 pub mod id;
 pub mod provider;
 pub mod retry;

@@ -8,6 +8,7 @@
 //! Layout:
 //! - [`config`]: layered TOML and environment configuration, resolved into [`Settings`].
 //! - [`delivery`]: the workers that deliver the outbox to destinations with retries.
+//! - [`bench`]: the load generator behind `hooklatch bench` (ingest, the HTTP ceiling, delivery).
 //! - [`fixtures`]: realistic signed test events per provider (`hooklatch send`).
 //! - [`capture`]: one request as the gateway kept it, and the export file format.
 //! - [`admin`]: a client of a running gateway's admin API (captures by `req_`/`dlv_` id).
@@ -20,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod admin;
+pub mod bench;
 pub mod capture;
 pub mod check;
 pub mod config;

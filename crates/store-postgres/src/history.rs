@@ -15,8 +15,8 @@ use hooklatch_core::{DeliveryId, RequestId, Timestamp};
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgConnection, PgPool, Postgres, QueryBuilder, Row};
 
-use crate::headers;
 use crate::outbox::count;
+use hooklatch_core::headers;
 
 /// Rows removed per purge transaction.
 pub(crate) const PURGE_BATCH: u64 = 1000;

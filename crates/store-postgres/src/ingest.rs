@@ -23,7 +23,7 @@ use hooklatch_core::store::{
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, Row};
 
-use crate::headers;
+use hooklatch_core::headers;
 
 /// How often a claim is tried again when its row changed between two statements (purged, or
 /// replaced by a concurrent copy). Each retry needs another transaction to commit in between,

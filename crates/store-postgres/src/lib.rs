@@ -28,7 +28,6 @@
 #![forbid(unsafe_code)]
 
 mod durability;
-mod headers;
 mod history;
 mod ingest;
 mod listen;

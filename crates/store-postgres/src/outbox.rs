@@ -22,7 +22,9 @@ use hooklatch_core::store::{
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, PgPool, Row};
 
-use crate::{headers, ingest, simple, WORK_CHANNEL};
+use hooklatch_core::headers;
+
+use crate::{ingest, simple, WORK_CHANNEL};
 
 pub(crate) async fn lease_due(
     pool: &PgPool,

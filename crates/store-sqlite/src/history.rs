@@ -9,7 +9,7 @@ use hooklatch_core::{DeliveryId, RequestId, Timestamp};
 use rusqlite::types::Value;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
 
-use crate::headers;
+use hooklatch_core::headers;
 
 /// Rows removed per purge transaction.
 pub(crate) const PURGE_BATCH: u64 = 1000;

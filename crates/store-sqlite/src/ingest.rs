@@ -8,7 +8,7 @@ use hooklatch_core::store::{Claim, Ingest, IngestOutcome, Rejected, RequestRecor
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection};
 
-use crate::headers;
+use hooklatch_core::headers;
 
 pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<IngestOutcome> {
     let now = ingest.request.received_at;

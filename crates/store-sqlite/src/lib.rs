@@ -14,7 +14,6 @@
 //! Layout: [`schema`] creates and migrates tables; [`writer`] is the group-commit thread;
 //! `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`].
 
-mod headers;
 mod history;
 mod ingest;
 mod outbox;

@@ -12,7 +12,7 @@ use hooklatch_core::store::{
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::headers;
+use hooklatch_core::headers;
 
 pub(crate) fn lease_due(
     conn: &Connection,

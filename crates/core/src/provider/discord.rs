@@ -221,10 +221,11 @@ fn malformed(header: &str, detail: &str) -> Rejection {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue};
+    use http::HeaderMap;
     use proptest::prelude::*;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const NOW: i64 = 1_700_000_000;
@@ -266,18 +267,6 @@ mod tests {
         assert_eq!(headers[0].0, SIGNATURE_HEADER);
         assert_eq!(headers[1].0, TIMESTAMP_HEADER);
         (headers[0].1.clone(), headers[1].1.clone())
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
     }
 
     fn request<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {

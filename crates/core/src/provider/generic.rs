@@ -196,10 +196,11 @@ fn decode_base64(text: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, HeaderValue};
+
     use proptest::prelude::*;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const SECRET: &str = "generic secret";
@@ -236,18 +237,6 @@ mod tests {
             type_pointer: Some("/type".to_owned()),
             ..hex_settings()
         }
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
     }
 
     /// The signature header value `settings` produce for `body`.

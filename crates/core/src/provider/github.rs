@@ -99,26 +99,15 @@ fn malformed(detail: &str) -> Rejection {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue};
+    use http::HeaderMap;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const BODY: &[u8] = br#"{"zen":"Keep it logically awesome."}"#;
     const OLD: &str = "old secret";
     const NEW: &str = "new secret";
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
-    }
 
     fn request<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {
         InboundRequest {

@@ -280,6 +280,25 @@ pub(crate) fn event_key(raw: &str, place: &str) -> Result<EventKey, Rejection> {
     })
 }
 
+/// Helpers shared by the adapters' tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    /// A header map from `(name, value)` pairs.
+    pub(crate) fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(name, value)| {
+                (
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    HeaderValue::from_str(value).unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

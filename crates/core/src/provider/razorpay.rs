@@ -95,10 +95,11 @@ fn malformed(detail: &str) -> Rejection {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue};
+    use http::{HeaderMap, HeaderValue};
     use proptest::prelude::*;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const BODY: &[u8] = br#"{"entity":"event","account_id":"acc_BFQ7uQEaa7j2z7","event":"payment.captured","contains":["payment"],"payload":{},"created_at":1700000000}"#;
@@ -107,18 +108,6 @@ mod tests {
     const EVENT_ID: &str = "NbvYFkVVHt5Yjd";
     /// A base64 MAC, which Razorpay never sends.
     const STANDARD_B64: &str = "sczh6vMheJFX2ilDiCycL8Rx/rM0/LCk0iVV4+4U81I=";
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
-    }
 
     fn request<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {
         InboundRequest {

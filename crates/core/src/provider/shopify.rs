@@ -144,10 +144,11 @@ fn malformed(names: &HeaderNames, detail: &str) -> Rejection {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, HeaderValue};
+    use http::HeaderValue;
     use proptest::prelude::*;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const BODY: &[u8] = br#"{"id":820982911946154508,"email":"jon@example.com"}"#;
@@ -157,18 +158,6 @@ mod tests {
     const VECTOR_SECRET: &str = "test_secret_key";
     const VECTOR_BODY: &[u8] = br#"{"foo": "bar"}"#;
     const VECTOR_HMAC: &str = "B23tXN681gZ0qIWNRrgtzBE9XSDo5yaUu6wfmhu3a7g=";
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
-    }
 
     fn request<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {
         InboundRequest {

@@ -244,10 +244,11 @@ fn malformed(header: &str, detail: &str) -> Rejection {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderMap, HeaderName, HeaderValue};
+    use http::{HeaderMap, HeaderValue};
     use proptest::prelude::*;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const NOW: i64 = 1_700_000_000;
@@ -263,18 +264,6 @@ mod tests {
     const VECTOR_BODY: &[u8] = b"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c";
     const VECTOR_SIGNATURE: &str =
         "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503";
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
-    }
 
     fn request_at<'a>(now: i64, headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {
         InboundRequest {

@@ -392,10 +392,11 @@ impl Params {
 
 #[cfg(test)]
 mod tests {
-    use http::{HeaderName, HeaderValue};
+
     use proptest::prelude::*;
 
     use super::*;
+    use crate::provider::test_support::headers;
     use crate::time::Timestamp;
 
     const TOKEN: &str = "12345";
@@ -426,18 +427,6 @@ mod tests {
             .extend_pairs(pairs)
             .finish()
             .into_bytes()
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(name, value)| {
-                (
-                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                    HeaderValue::from_str(value).unwrap(),
-                )
-            })
-            .collect()
     }
 
     fn request<'a>(path: &'a str, headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {

@@ -1,11 +1,12 @@
-//! Headers stored byte-exact in one `BYTEA`: for each header, the name's length and bytes,
-//! then the value's length and bytes (lengths as 4-byte little-endian). The same encoding as
-//! the SQLite store's, so an export from one reads in the other; JSON would have to re-encode
-//! values that are not UTF-8, this keeps every byte as received.
+//! Headers kept byte-exact in one blob, as every store saves them: for each header, the name's
+//! length and bytes, then the value's length and bytes (lengths as 4-byte little-endian). JSON
+//! would have to re-encode values that are not UTF-8; this keeps every byte as received, and
+//! one format for every backend.
 
-use hooklatch_core::store::Header;
+use crate::store::Header;
 
-pub(crate) fn encode(headers: &[Header]) -> Vec<u8> {
+/// Encodes headers into one blob, byte-exact.
+pub fn encode(headers: &[Header]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in headers {
         out.extend_from_slice(&(name.len() as u32).to_le_bytes());
@@ -17,7 +18,7 @@ pub(crate) fn encode(headers: &[Header]) -> Vec<u8> {
 }
 
 /// Decodes [`encode`]'s output; a damaged blob yields the headers before the damage.
-pub(crate) fn decode(mut blob: &[u8]) -> Vec<Header> {
+pub fn decode(mut blob: &[u8]) -> Vec<Header> {
     fn take<'a>(blob: &mut &'a [u8]) -> Option<&'a [u8]> {
         let len = u32::from_le_bytes(blob.get(..4)?.try_into().ok()?) as usize;
         let bytes = blob.get(4..4 + len)?;

@@ -1,0 +1,832 @@
+//! The load generator behind `hooklatch bench`: ingest throughput, latency and the server's
+//! memory, side by side with the HTTP ceiling of the same machine, and end-to-end delivery.
+//!
+//! **The plan.** [`plan`] pre-signs `events` distinct test events of one provider (so signing
+//! costs nothing during the run), each padded with a JSON field to `body_size` bytes, then
+//! mixes in duplicates: byte-identical copies of earlier requests. `duplicates` is their share
+//! of all requests (0.1 = one request in ten is a copy), so `round(events × F / (1 − F))`
+//! copies; half of them are sent right behind their original (concurrently with it, under any
+//! concurrency above one), half later (after the original has been answered, as a provider's
+//! retry is).
+//!
+//! **The load.** [`Load::Concurrency`] is a closed loop: K requests in flight, the next sent
+//! when one is answered. [`Load::Rate`] is an open loop: request *i* is due at `start + i/R`
+//! whether or not earlier ones were answered, and its latency is measured from that due time,
+//! so a stalled server shows up in the percentiles instead of quietly lowering the rate
+//! (coordinated omission).
+//!
+//! **Alongside.** [`baseline_server`] is a minimal hyper server answering 200 to anything: the
+//! HTTP ceiling of the machine, run with the same plan and the same client. [`Sink`] is a
+//! destination that records the first delivery of each `Idempotency-Key`, for delivery
+//! throughput and the time from ack to first delivery attempt. [`RssSampler`] reads a
+//! process's `VmRSS`/`VmHWM` from `/proc`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use hooklatch_core::provider::SignRequest;
+use hooklatch_core::{Secret, Timestamp};
+use serde_json::{json, Value};
+
+/// What a run does.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// The ingest base URL, e.g. `http://127.0.0.1:8080`.
+    pub target: String,
+    /// The source name: requests go to `{target}/in/{source}`.
+    pub source: String,
+    /// The provider whose test events are sent (see `fixtures::catalog`).
+    pub provider: String,
+    /// The source's signing secret.
+    pub secret: Secret,
+    /// Distinct events.
+    pub events: u64,
+    /// Share of all requests that are duplicates, 0.0 ≤ F ≤ 0.9.
+    pub duplicates: f64,
+    /// Pad each body to at least this many bytes (0: the fixture as it is).
+    pub body_size: usize,
+    /// Closed or open loop.
+    pub load: Load,
+    /// Stop sending new requests after this long (those in flight finish).
+    pub duration: Option<Duration>,
+    /// Time allowed for one request.
+    pub timeout: Duration,
+}
+
+/// How requests are paced.
+#[derive(Debug, Clone, Copy)]
+pub enum Load {
+    /// Closed loop: this many requests in flight at once.
+    Concurrency(u32),
+    /// Open loop: this many requests per second, each due at a fixed time.
+    Rate(f64),
+}
+
+/// One pre-signed request.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The event key.
+    pub key: String,
+    /// Headers, signature included.
+    pub headers: reqwest::header::HeaderMap,
+    /// The body.
+    pub body: bytes::Bytes,
+}
+
+/// The requests of a run, in sending order: indexes into `events`, with whether it is a copy.
+#[derive(Debug)]
+pub struct Plan {
+    /// The distinct events, pre-signed.
+    pub events: Vec<Prepared>,
+    /// Sending order: `(event index, is a duplicate)`.
+    pub order: Vec<(usize, bool)>,
+}
+
+impl Plan {
+    /// Requests in all.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    /// Duplicates in the plan.
+    pub fn duplicates(&self) -> usize {
+        self.order.iter().filter(|(_, dup)| *dup).count()
+    }
+}
+
+/// The number of duplicate copies for `events` distinct events at share `f` of all requests.
+pub fn duplicate_count(events: u64, f: f64) -> u64 {
+    if f <= 0.0 {
+        return 0;
+    }
+    (events as f64 * f / (1.0 - f)).round() as u64
+}
+
+/// Builds and signs the plan (see the module docs).
+pub fn plan(opts: &BenchOptions) -> anyhow::Result<Plan> {
+    anyhow::ensure!(opts.events > 0, "--events must be at least 1");
+    anyhow::ensure!(
+        (0.0..=0.9).contains(&opts.duplicates),
+        "--duplicates is a share of all requests between 0.0 and 0.9"
+    );
+    let url = format!(
+        "{}/in/{}",
+        opts.target.trim_end_matches('/'),
+        opts.source
+    );
+    let adapter = crate::fixtures::signer(&opts.provider, &opts.secret)
+        .ok_or_else(|| anyhow::anyhow!("no test events for provider {:?}", opts.provider))?;
+    let now = Timestamp::now();
+    let mut events = Vec::with_capacity(opts.events as usize);
+    for i in 0..opts.events {
+        let ev = crate::fixtures::build(&opts.provider, None, None, &opts.secret, &url, now)?;
+        let body = pad(&ev.body, opts.body_size, i);
+        let content_type = ev
+            .headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| "application/json".to_owned());
+        let mut pairs = vec![("content-type".to_owned(), content_type)];
+        pairs.extend(adapter.sign(&SignRequest {
+            url: &url,
+            body: &body,
+            secret: &opts.secret,
+            now,
+            event_key: &ev.key,
+            event_type: Some(&ev.event_type),
+        }));
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in pairs {
+            headers.insert(
+                reqwest::header::HeaderName::from_bytes(name.as_bytes())?,
+                reqwest::header::HeaderValue::from_str(&value)?,
+            );
+        }
+        events.push(Prepared {
+            key: ev.key,
+            headers,
+            body: body.into(),
+        });
+    }
+    let n = events.len();
+    let dups = duplicate_count(opts.events, opts.duplicates) as usize;
+    // Copy j duplicates event (j × n / dups) mod n: spread evenly. Even j go right behind their
+    // original, odd j `lag` originals later (or at the end).
+    let mut behind: HashMap<usize, usize> = HashMap::new();
+    let mut later_events: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    let lag = match opts.load {
+        Load::Concurrency(k) => 2 * k as usize + 1,
+        Load::Rate(r) => (r as usize).max(1),
+    };
+    for j in 0..dups {
+        let ev = (j * n / dups.max(1) + j / n.max(1)) % n;
+        if j % 2 == 0 {
+            *behind.entry(ev).or_default() += 1;
+        } else {
+            later_events.entry(ev + lag).or_default().push(ev);
+        }
+    }
+    let mut order = Vec::with_capacity(n + dups);
+    for i in 0..n {
+        if let Some(evs) = later_events.remove(&i) {
+            order.extend(evs.into_iter().map(|e| (e, true)));
+        }
+        order.push((i, false));
+        for _ in 0..behind.get(&i).copied().unwrap_or(0) {
+            order.push((i, true));
+        }
+    }
+    for (_, evs) in later_events {
+        order.extend(evs.into_iter().map(|e| (e, true)));
+    }
+    Ok(Plan { events, order })
+}
+
+/// Pads a JSON object body with `"bench_padding":"xxx…"` to at least `size` bytes; other
+/// bodies (form-encoded) get `&bench_padding=xxx…`. Index `i` keeps bodies distinct.
+fn pad(body: &[u8], size: usize, i: u64) -> Vec<u8> {
+    if body.len() >= size {
+        return body.to_vec();
+    }
+    let trimmed = body.trim_ascii_end();
+    let fill = |overhead: usize| "x".repeat(size.saturating_sub(body.len() + overhead));
+    if trimmed.last() == Some(&b'}') {
+        let head = &trimmed[..trimmed.len() - 1];
+        let prefix = format!(",\"bench_padding\":\"{i}-");
+        let mut out = head.to_vec();
+        let f = fill(prefix.len() + 2);
+        out.extend_from_slice(prefix.as_bytes());
+        out.extend_from_slice(f.as_bytes());
+        out.extend_from_slice(b"\"}");
+        out
+    } else {
+        let prefix = format!("&bench_padding={i}-");
+        let mut out = body.to_vec();
+        out.extend_from_slice(prefix.as_bytes());
+        out.extend_from_slice(fill(prefix.len()).as_bytes());
+        out
+    }
+}
+
+/// What came back, and how fast.
+#[derive(Debug, Clone)]
+pub struct BenchReport {
+    /// What ran against (`target` or `baseline`).
+    pub label: String,
+    /// Requests sent (distinct events plus duplicates, fewer if `--duration` cut it short).
+    pub sent: u64,
+    /// Of them, duplicates.
+    pub duplicates_sent: u64,
+    /// Responses by status code (`"error"`: no response: connect error or timeout).
+    pub statuses: BTreeMap<String, u64>,
+    /// 200 answers by the gateway's `status` (accepted, duplicate, conflict; `other` for a
+    /// body that is not the gateway's, such as the baseline's).
+    pub answers: BTreeMap<String, u64>,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+    /// Latency histogram, microseconds.
+    pub latency: Histogram<u64>,
+    /// When each accepted event's ack arrived (for the sink's ack → delivery latency).
+    pub acks: HashMap<String, Instant>,
+    /// When the run started.
+    pub started: Instant,
+}
+
+impl BenchReport {
+    /// Responses per second.
+    pub fn throughput(&self) -> f64 {
+        self.sent as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Whether every request was answered 200.
+    pub fn all_ok(&self) -> bool {
+        self.statuses.iter().all(|(s, _)| s == "200")
+    }
+
+    /// Latency at a quantile, milliseconds.
+    pub fn latency_ms(&self, q: f64) -> f64 {
+        if self.latency.is_empty() {
+            return 0.0;
+        }
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    /// The report as JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "label": self.label,
+            "sent": self.sent,
+            "duplicates_sent": self.duplicates_sent,
+            "statuses": self.statuses,
+            "answers": self.answers,
+            "elapsed_s": self.elapsed.as_secs_f64(),
+            "throughput_rps": self.throughput(),
+            "latency_ms": {
+                "p50": self.latency_ms(0.5),
+                "p90": self.latency_ms(0.9),
+                "p99": self.latency_ms(0.99),
+                "p999": self.latency_ms(0.999),
+                "max": self.latency.max() as f64 / 1000.0,
+            },
+        })
+    }
+
+    /// The report as text.
+    pub fn render(&self) -> String {
+        let statuses: Vec<String> = self
+            .statuses
+            .iter()
+            .map(|(s, n)| format!("{s}×{n}"))
+            .collect();
+        let answers: Vec<String> = self
+            .answers
+            .iter()
+            .map(|(s, n)| format!("{s}×{n}"))
+            .collect();
+        format!(
+            "{label}: {sent} requests ({dups} duplicates) in {secs:.2}s = {rps:.0} req/s\n  \
+             latency ms: p50 {p50:.2}  p90 {p90:.2}  p99 {p99:.2}  p99.9 {p999:.2}  max {max:.2}\n  \
+             statuses: {statuses}\n  answers: {answers}\n",
+            label = self.label,
+            sent = self.sent,
+            dups = self.duplicates_sent,
+            secs = self.elapsed.as_secs_f64(),
+            rps = self.throughput(),
+            p50 = self.latency_ms(0.5),
+            p90 = self.latency_ms(0.9),
+            p99 = self.latency_ms(0.99),
+            p999 = self.latency_ms(0.999),
+            max = self.latency.max() as f64 / 1000.0,
+            statuses = statuses.join(" "),
+            answers = answers.join(" "),
+        )
+    }
+}
+
+/// Shared tallies while a run is going.
+struct Tally {
+    statuses: Mutex<BTreeMap<String, u64>>,
+    answers: Mutex<BTreeMap<String, u64>>,
+    latency: Mutex<Histogram<u64>>,
+    acks: Mutex<HashMap<String, Instant>>,
+    sent: AtomicU64,
+    dups: AtomicU64,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
+/// An HTTP client for loopback load: no proxy, no redirects, a large idle pool.
+pub fn client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(timeout)
+        .pool_max_idle_per_host(4096)
+        .tcp_nodelay(true)
+        .build()?)
+}
+
+/// Runs `plan` against `{base}/in/{source}`; `progress` is called once per answered request.
+pub async fn run(
+    plan: Arc<Plan>,
+    base: &str,
+    opts: &BenchOptions,
+    label: &str,
+    progress: Arc<dyn Fn() + Send + Sync>,
+) -> anyhow::Result<BenchReport> {
+    let url: Arc<str> = format!("{}/in/{}", base.trim_end_matches('/'), opts.source).into();
+    let client = client(opts.timeout)?;
+    let tally = Arc::new(Tally {
+        statuses: Mutex::new(BTreeMap::new()),
+        answers: Mutex::new(BTreeMap::new()),
+        latency: Mutex::new(histogram()),
+        acks: Mutex::new(HashMap::new()),
+        sent: AtomicU64::new(0),
+        dups: AtomicU64::new(0),
+    });
+    let started = Instant::now();
+    let deadline = opts.duration.map(|d| started + d);
+    let send_one = {
+        let (client, url, tally, plan, progress) = (
+            client.clone(),
+            url.clone(),
+            tally.clone(),
+            plan.clone(),
+            progress.clone(),
+        );
+        move |i: usize, due: Instant| {
+            let (client, url, tally, plan, progress) = (
+                client.clone(),
+                url.clone(),
+                tally.clone(),
+                plan.clone(),
+                progress.clone(),
+            );
+            async move {
+                let (ev, dup) = plan.order[i];
+                let event = &plan.events[ev];
+                tally.sent.fetch_add(1, Ordering::Relaxed);
+                if dup {
+                    tally.dups.fetch_add(1, Ordering::Relaxed);
+                }
+                let res = client
+                    .post(&*url)
+                    .headers(event.headers.clone())
+                    .body(event.body.clone())
+                    .send()
+                    .await;
+                let (status, answer) = match res {
+                    Ok(res) => {
+                        let status = res.status().as_u16().to_string();
+                        let body = res.bytes().await.unwrap_or_default();
+                        let answer = (status == "200").then(|| {
+                            serde_json::from_slice::<Value>(&body)
+                                .ok()
+                                .and_then(|v| v["status"].as_str().map(str::to_owned))
+                                .unwrap_or_else(|| "other".to_owned())
+                        });
+                        (status, answer)
+                    }
+                    Err(_) => ("error".to_owned(), None),
+                };
+                let done = Instant::now();
+                let micros = done.saturating_duration_since(due).as_micros() as u64;
+                tally.latency.lock().unwrap().saturating_record(micros.max(1));
+                *tally.statuses.lock().unwrap().entry(status).or_default() += 1;
+                if let Some(answer) = answer {
+                    if answer == "accepted" {
+                        tally.acks.lock().unwrap().insert(event.key.clone(), done);
+                    }
+                    *tally.answers.lock().unwrap().entry(answer).or_default() += 1;
+                }
+                progress();
+            }
+        }
+    };
+    match opts.load {
+        Load::Concurrency(k) => {
+            let next = Arc::new(AtomicUsize::new(0));
+            let mut workers = tokio::task::JoinSet::new();
+            for _ in 0..k.max(1) {
+                let (next, plan, send_one) = (next.clone(), plan.clone(), send_one.clone());
+                workers.spawn(async move {
+                    loop {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            break;
+                        }
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= plan.len() {
+                            break;
+                        }
+                        send_one(i, Instant::now()).await;
+                    }
+                });
+            }
+            while workers.join_next().await.is_some() {}
+        }
+        Load::Rate(rate) => {
+            anyhow::ensure!(rate > 0.0, "--rate must be above 0");
+            let interval = Duration::from_secs_f64(1.0 / rate);
+            let mut tasks = tokio::task::JoinSet::new();
+            for i in 0..plan.len() {
+                let due = started + interval.mul_f64(i as f64);
+                if deadline.is_some_and(|d| due >= d) {
+                    break;
+                }
+                tokio::time::sleep_until(due.into()).await;
+                tasks.spawn(send_one(i, due));
+                // Reap finished tasks so the set stays small.
+                while tasks.try_join_next().is_some() {}
+            }
+            while tasks.join_next().await.is_some() {}
+        }
+    }
+    let elapsed = started.elapsed();
+    let tally = Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("requests still running"))?;
+    Ok(BenchReport {
+        label: label.to_owned(),
+        sent: tally.sent.into_inner(),
+        duplicates_sent: tally.dups.into_inner(),
+        statuses: tally.statuses.into_inner().unwrap(),
+        answers: tally.answers.into_inner().unwrap(),
+        elapsed,
+        latency: tally.latency.into_inner().unwrap(),
+        acks: tally.acks.into_inner().unwrap(),
+        started,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The HTTP ceiling
+
+type Body = String;
+
+async fn serve_loop<F, Fut>(listener: tokio::net::TcpListener, handle: F)
+where
+    F: Fn(http::Request<hyper::body::Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = http::Response<Body>> + Send + 'static,
+{
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let handle = handle.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let fut = handle(req);
+                async move { Ok::<_, std::convert::Infallible>(fut.await) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// Reads a request body to the end (the gateway reads it too, so the ceiling does).
+async fn drain(body: hyper::body::Incoming) -> usize {
+    use http_body_util::BodyExt;
+    body.collect().await.map(|b| b.to_bytes().len()).unwrap_or(0)
+}
+
+/// A minimal hyper server on `127.0.0.1:0` answering 200 `{"status":"ok"}` to every request,
+/// on a runtime of its own (two worker threads, like a separate server process).
+pub struct Baseline {
+    /// Its address.
+    pub addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Baseline {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Starts the HTTP ceiling server.
+pub fn baseline_server() -> anyhow::Result<Baseline> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("bench-baseline")
+        .enable_all()
+        .build()?;
+    let std_listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    std_listener.set_nonblocking(true)?;
+    let addr = std_listener.local_addr()?;
+    runtime.spawn(async move {
+        let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
+            return;
+        };
+        serve_loop(listener, |req: http::Request<hyper::body::Incoming>| async move {
+            drain(req.into_body()).await;
+            http::Response::builder()
+                .header("content-type", "application/json")
+                .body(r#"{"status":"ok"}"#.to_owned())
+                .expect("a valid response")
+        })
+        .await
+    });
+    Ok(Baseline {
+        addr,
+        runtime: Some(runtime),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The delivery sink
+
+/// A destination recording the first delivery of each `Idempotency-Key` (`{source}:{key}`).
+pub struct Sink {
+    /// Its address (`http://{addr}/sink` is a destination URL).
+    pub addr: SocketAddr,
+    state: Arc<SinkState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct SinkState {
+    first: Mutex<HashMap<String, Instant>>,
+    deliveries: AtomicU64,
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Sink {
+    /// Starts a sink on `listen` (`127.0.0.1:0` for any port); each answer waits `delay`.
+    pub async fn start(listen: SocketAddr, delay: Duration) -> anyhow::Result<Sink> {
+        let listener = tokio::net::TcpListener::bind(listen).await?;
+        let addr = listener.local_addr()?;
+        let state = Arc::new(SinkState::default());
+        let st = state.clone();
+        let task = tokio::spawn(serve_loop(
+            listener,
+            move |req: http::Request<hyper::body::Incoming>| {
+                let st = st.clone();
+                async move {
+                    let key = req
+                        .headers()
+                        .get("idempotency-key")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    drain(req.into_body()).await;
+                    let now = Instant::now();
+                    if !delay.is_zero() {
+                        tokio::time::sleep(delay).await;
+                    }
+                    st.deliveries.fetch_add(1, Ordering::Relaxed);
+                    if let Some(key) = key {
+                        st.first.lock().unwrap().entry(key).or_insert(now);
+                    }
+                    http::Response::builder()
+                        .body(String::new())
+                        .expect("a valid response")
+                }
+            },
+        ));
+        Ok(Sink { addr, state, task })
+    }
+
+    /// Deliveries received (every attempt).
+    pub fn deliveries(&self) -> u64 {
+        self.state.deliveries.load(Ordering::Relaxed)
+    }
+
+    /// Distinct keys delivered.
+    pub fn distinct(&self) -> usize {
+        self.state.first.lock().unwrap().len()
+    }
+
+    /// Waits until every acked key of `report` was delivered at least once, or `timeout`;
+    /// then measures delivery throughput and ack → first delivery latency.
+    pub async fn wait_and_measure(
+        &self,
+        report: &BenchReport,
+        source: &str,
+        timeout: Duration,
+    ) -> DeliveryReport {
+        let want = report.acks.len();
+        let until = Instant::now() + timeout;
+        while self.distinct() < want && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let first = self.state.first.lock().unwrap().clone();
+        let mut latency = histogram();
+        let mut before_ack = 0u64;
+        let mut last = report.started;
+        let mut delivered = 0u64;
+        for (key, ack) in &report.acks {
+            let Some(at) = first.get(&format!("{source}:{key}")) else {
+                continue;
+            };
+            delivered += 1;
+            last = last.max(*at);
+            if *at < *ack {
+                before_ack += 1;
+            }
+            let micros = at.saturating_duration_since(*ack).as_micros() as u64;
+            latency.saturating_record(micros.max(1));
+        }
+        let span = last.saturating_duration_since(report.started);
+        DeliveryReport {
+            accepted: want as u64,
+            delivered,
+            attempts: self.deliveries(),
+            before_ack,
+            span,
+            latency,
+        }
+    }
+}
+
+/// End-to-end delivery through the sink.
+#[derive(Debug, Clone)]
+pub struct DeliveryReport {
+    /// Events the gateway accepted.
+    pub accepted: u64,
+    /// Of them, delivered to the sink at least once (within the wait).
+    pub delivered: u64,
+    /// Delivery attempts the sink saw (retries included).
+    pub attempts: u64,
+    /// First deliveries that arrived before the client had read the ack.
+    pub before_ack: u64,
+    /// From the run's start to the last first delivery.
+    pub span: Duration,
+    /// Ack → first delivery attempt, microseconds (0 when it came first).
+    pub latency: Histogram<u64>,
+}
+
+impl DeliveryReport {
+    /// Delivered events per second, from the start of ingest to the last first delivery.
+    pub fn throughput(&self) -> f64 {
+        self.delivered as f64 / self.span.as_secs_f64().max(1e-9)
+    }
+
+    fn ms(&self, q: f64) -> f64 {
+        if self.latency.is_empty() {
+            return 0.0;
+        }
+        self.latency.value_at_quantile(q) as f64 / 1000.0
+    }
+
+    /// As JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "accepted": self.accepted,
+            "delivered": self.delivered,
+            "attempts": self.attempts,
+            "delivered_before_ack_read": self.before_ack,
+            "span_s": self.span.as_secs_f64(),
+            "events_per_s": self.throughput(),
+            "ack_to_first_attempt_ms": { "p50": self.ms(0.5), "p99": self.ms(0.99), "max": self.latency.max() as f64 / 1000.0 },
+        })
+    }
+
+    /// As text.
+    pub fn render(&self) -> String {
+        format!(
+            "delivery: {d}/{a} accepted events delivered ({att} attempts) in {s:.2}s = {eps:.0} events/s\n  \
+             ack → first attempt ms: p50 {p50:.2}  p99 {p99:.2}  ({b} arrived before the ack was read)\n",
+            d = self.delivered,
+            a = self.accepted,
+            att = self.attempts,
+            s = self.span.as_secs_f64(),
+            eps = self.throughput(),
+            p50 = self.ms(0.5),
+            p99 = self.ms(0.99),
+            b = self.before_ack,
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+
+/// Samples a process's resident memory from `/proc/{pid}/status` every 100 ms.
+pub struct RssSampler {
+    pid: u32,
+    peak_rss_kib: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// `VmRSS` and `VmHWM` of a process, KiB.
+pub fn read_rss(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+impl RssSampler {
+    /// Starts sampling.
+    pub fn start(pid: u32) -> anyhow::Result<RssSampler> {
+        let (rss, _) = read_rss(pid)
+            .ok_or_else(|| anyhow::anyhow!("cannot read /proc/{pid}/status (no such process?)"))?;
+        let peak = Arc::new(AtomicU64::new(rss));
+        let p = peak.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if let Some((rss, _)) = read_rss(pid) {
+                    p.fetch_max(rss, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Ok(RssSampler {
+            pid,
+            peak_rss_kib: peak,
+            task,
+        })
+    }
+
+    /// The highest `VmRSS` sampled, KiB.
+    pub fn peak(&self) -> u64 {
+        self.peak_rss_kib.load(Ordering::Relaxed)
+    }
+
+    /// The current `VmRSS` and `VmHWM`, KiB.
+    pub fn now(&self) -> Option<(u64, u64)> {
+        read_rss(self.pid)
+    }
+}
+
+impl Drop for RssSampler {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(events: u64, dups: f64, size: usize) -> BenchOptions {
+        BenchOptions {
+            target: "http://127.0.0.1:1".into(),
+            source: "stripe".into(),
+            provider: "stripe".into(),
+            secret: Secret::from_text("whsec_test"),
+            events,
+            duplicates: dups,
+            body_size: size,
+            load: Load::Concurrency(4),
+            duration: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn the_plan_holds_every_event_once_plus_the_duplicates() {
+        let p = plan(&opts(200, 0.1, 0)).unwrap();
+        assert_eq!(p.duplicates(), 22);
+        assert_eq!(p.len(), 222);
+        let originals: std::collections::HashSet<usize> = p
+            .order
+            .iter()
+            .filter(|(_, d)| !d)
+            .map(|(e, _)| *e)
+            .collect();
+        assert_eq!(originals.len(), 200);
+        // Every copy comes after its original.
+        for (pos, (ev, dup)) in p.order.iter().enumerate() {
+            if *dup {
+                let orig = p.order.iter().position(|(e, d)| e == ev && !d).unwrap();
+                assert!(orig < pos);
+            }
+        }
+    }
+
+    #[test]
+    fn bodies_are_padded_and_still_json() {
+        let p = plan(&opts(3, 0.0, 2048)).unwrap();
+        for ev in &p.events {
+            assert!(ev.body.len() >= 2048, "{}", ev.body.len());
+            assert!(ev.body.len() < 2048 + 16);
+            serde_json::from_slice::<Value>(&ev.body).expect("json");
+        }
+        assert_eq!(duplicate_count(100, 0.5), 100);
+        assert_eq!(duplicate_count(100, 0.0), 0);
+    }
+}
