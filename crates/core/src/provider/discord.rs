@@ -29,7 +29,7 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Value};
 
 use crate::provider::{
-    check_tolerance, event_key, header_str, parse_json, ExtractedEvent, InboundRequest,
+    check_tolerance, event_key, header_str, malformed, parse_json, ExtractedEvent, InboundRequest,
     ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::Secret;
@@ -211,12 +211,6 @@ fn required_header<'a>(req: &InboundRequest<'a>, name: &str) -> Result<&'a str, 
         });
     }
     header_str(req.headers, name).ok_or_else(|| malformed(name, "is not visible ASCII"))
-}
-
-fn malformed(header: &str, detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{header} {detail}"),
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use crate::provider::{
-    event_key, header_str, ExtractedEvent, InboundRequest, ProviderAdapter, Rejection, SignRequest,
+    event_key, header_str, malformed, signature_value, ExtractedEvent, InboundRequest,
+    ProviderAdapter, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -33,19 +34,12 @@ impl ProviderAdapter for GitHub {
         secrets: &[Secret],
         _tolerance: Duration,
     ) -> Result<(), Rejection> {
-        let raw = req
-            .headers
-            .get(SIGNATURE_HEADER)
-            .ok_or_else(|| Rejection::MissingSignature {
-                header: SIGNATURE_HEADER.to_owned(),
-            })?;
-        let value = raw
-            .to_str()
-            .map_err(|_| malformed("is not visible ASCII"))?;
+        let value = signature_value(req.headers, SIGNATURE_HEADER)?;
         let hex_digest = value
             .strip_prefix(SIGNATURE_PREFIX)
-            .ok_or_else(|| malformed("does not start with `sha256=`"))?;
-        let received = hex::decode(hex_digest).map_err(|_| malformed("is not hex"))?;
+            .ok_or_else(|| malformed(SIGNATURE_HEADER, "does not start with `sha256=`"))?;
+        let received =
+            hex::decode(hex_digest).map_err(|_| malformed(SIGNATURE_HEADER, "is not hex"))?;
 
         let matched = secrets
             .iter()
@@ -88,12 +82,6 @@ impl ProviderAdapter for GitHub {
     /// Server, plus a margin.
     fn default_retention(&self) -> Duration {
         Duration::from_secs(10 * 24 * 3600)
-    }
-}
-
-fn malformed(detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{SIGNATURE_HEADER} {detail}"),
     }
 }
 

@@ -261,6 +261,28 @@ pub(crate) fn check_tolerance(
     Ok(())
 }
 
+/// A required signature header's value as text: absent → [`Rejection::MissingSignature`],
+/// not visible ASCII → [`Rejection::MalformedSignature`], both naming the header.
+pub(crate) fn signature_value<'a>(
+    headers: &'a HeaderMap,
+    name: &str,
+) -> Result<&'a str, Rejection> {
+    let raw = headers
+        .get(name)
+        .ok_or_else(|| Rejection::MissingSignature {
+            header: name.to_owned(),
+        })?;
+    raw.to_str()
+        .map_err(|_| malformed(name, "is not visible ASCII"))
+}
+
+/// A malformed-signature rejection naming the header; `detail` never echoes its value.
+pub(crate) fn malformed(header: &str, detail: &str) -> Rejection {
+    Rejection::MalformedSignature {
+        detail: format!("{header} {detail}"),
+    }
+}
+
 /// A header's value as text, if present and visible ASCII.
 pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())

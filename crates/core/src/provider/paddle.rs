@@ -13,8 +13,8 @@
 use std::time::Duration;
 
 use crate::provider::{
-    check_tolerance, event_key, parse_json, ExtractedEvent, InboundRequest, ProviderAdapter,
-    Rejection, SignRequest,
+    check_tolerance, event_key, malformed, parse_json, signature_value, ExtractedEvent,
+    InboundRequest, ProviderAdapter, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -44,15 +44,7 @@ impl ProviderAdapter for Paddle {
         secrets: &[Secret],
         tolerance: Duration,
     ) -> Result<(), Rejection> {
-        let raw = req
-            .headers
-            .get(SIGNATURE_HEADER)
-            .ok_or_else(|| Rejection::MissingSignature {
-                header: SIGNATURE_HEADER.to_owned(),
-            })?;
-        let value = raw
-            .to_str()
-            .map_err(|_| malformed("is not visible ASCII"))?;
+        let value = signature_value(req.headers, SIGNATURE_HEADER)?;
         let header = parse_header(value)?;
 
         // An `h1` that is not hex matches nothing; another `h1` may still match.
@@ -117,30 +109,27 @@ fn parse_header(value: &str) -> Result<SignatureHeader<'_>, Rejection> {
         .filter_map(|item| item.trim().split_once('='))
     {
         match key {
-            "ts" if timestamp_text.is_some() => return Err(malformed("has more than one `ts`")),
+            "ts" if timestamp_text.is_some() => {
+                return Err(malformed(SIGNATURE_HEADER, "has more than one `ts`"))
+            }
             "ts" => timestamp_text = Some(val),
             "h1" => h1.push(val),
             _ => {}
         }
     }
-    let timestamp_text = timestamp_text.ok_or_else(|| malformed("has no `ts` timestamp"))?;
+    let timestamp_text =
+        timestamp_text.ok_or_else(|| malformed(SIGNATURE_HEADER, "has no `ts` timestamp"))?;
     let timestamp_secs = timestamp_text
         .parse::<i64>()
-        .map_err(|_| malformed("has a `ts` that is not an integer"))?;
+        .map_err(|_| malformed(SIGNATURE_HEADER, "has a `ts` that is not an integer"))?;
     if h1.is_empty() {
-        return Err(malformed("has no `h1` signature"));
+        return Err(malformed(SIGNATURE_HEADER, "has no `h1` signature"));
     }
     Ok(SignatureHeader {
         timestamp_text,
         timestamp_secs,
         h1,
     })
-}
-
-fn malformed(detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{SIGNATURE_HEADER} {detail}"),
-    }
 }
 
 #[cfg(test)]

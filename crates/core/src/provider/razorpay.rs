@@ -10,8 +10,8 @@
 use std::time::Duration;
 
 use crate::provider::{
-    event_key, header_str, parse_json, ExtractedEvent, InboundRequest, ProviderAdapter, Rejection,
-    SignRequest,
+    event_key, header_str, malformed, parse_json, signature_value, ExtractedEvent, InboundRequest,
+    ProviderAdapter, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -33,17 +33,8 @@ impl ProviderAdapter for Razorpay {
         secrets: &[Secret],
         _tolerance: Duration,
     ) -> Result<(), Rejection> {
-        let raw = req
-            .headers
-            .get(SIGNATURE_HEADER)
-            .ok_or_else(|| Rejection::MissingSignature {
-                header: SIGNATURE_HEADER.to_owned(),
-            })?;
-        let value = raw
-            .to_str()
-            .map_err(|_| malformed("is not visible ASCII"))?
-            .trim();
-        let received = hex::decode(value).map_err(|_| malformed("is not hex"))?;
+        let value = signature_value(req.headers, SIGNATURE_HEADER)?.trim();
+        let received = hex::decode(value).map_err(|_| malformed(SIGNATURE_HEADER, "is not hex"))?;
 
         let matched = secrets
             .iter()
@@ -84,12 +75,6 @@ impl ProviderAdapter for Razorpay {
     /// 7 days old (with the same event id), plus a margin.
     fn default_retention(&self) -> Duration {
         Duration::from_secs(10 * 24 * 3600)
-    }
-}
-
-fn malformed(detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{SIGNATURE_HEADER} {detail}"),
     }
 }
 

@@ -22,7 +22,8 @@ use base64::Engine;
 use http::HeaderMap;
 
 use crate::provider::{
-    event_key, header_str, ExtractedEvent, InboundRequest, ProviderAdapter, Rejection, SignRequest,
+    event_key, header_str, malformed, ExtractedEvent, InboundRequest, ProviderAdapter, Rejection,
+    SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -83,12 +84,12 @@ impl ProviderAdapter for Shopify {
             })?;
         let value = raw
             .to_str()
-            .map_err(|_| malformed(names, "is not visible ASCII"))?
+            .map_err(|_| malformed(names.hmac, "is not visible ASCII"))?
             .trim();
         let received = STANDARD
             .decode(value)
             .or_else(|_| STANDARD_NO_PAD.decode(value))
-            .map_err(|_| malformed(names, "is not base64"))?;
+            .map_err(|_| malformed(names.hmac, "is not base64"))?;
 
         let matched = secrets
             .iter()
@@ -133,12 +134,6 @@ impl ProviderAdapter for Shopify {
     /// minimum retention already covers it with a wide margin.
     fn default_retention(&self) -> Duration {
         Duration::from_secs(7 * 24 * 3600)
-    }
-}
-
-fn malformed(names: &HeaderNames, detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{} {detail}", names.hmac),
     }
 }
 

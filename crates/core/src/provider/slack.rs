@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::provider::{
-    check_tolerance, event_key, header_str, parse_json, ExtractedEvent, InboundRequest,
+    check_tolerance, event_key, header_str, malformed, parse_json, ExtractedEvent, InboundRequest,
     ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
@@ -233,12 +233,6 @@ fn classify(body: &[u8]) -> Result<Body<'_>, Rejection> {
     match fields.iter().find(|(name, _)| name == "payload") {
         Some((_, payload)) => parse_json(payload.as_bytes()).map(Body::Interactive),
         None => Ok(Body::SlashCommand(fields)),
-    }
-}
-
-fn malformed(header: &str, detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{header} {detail}"),
     }
 }
 

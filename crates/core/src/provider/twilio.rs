@@ -41,8 +41,8 @@ use subtle::ConstantTimeEq;
 
 use crate::id::EventKey;
 use crate::provider::{
-    event_key, header_str, ExtractedEvent, InboundRequest, ProviderAdapter, ProviderReply,
-    Rejection, SignRequest,
+    event_key, header_str, malformed, signature_value, ExtractedEvent, InboundRequest,
+    ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::{constant_time_eq, sha256, Secret};
 
@@ -72,18 +72,10 @@ impl ProviderAdapter for Twilio {
         secrets: &[Secret],
         _tolerance: Duration,
     ) -> Result<(), Rejection> {
-        let raw = req
-            .headers
-            .get(SIGNATURE_HEADER)
-            .ok_or_else(|| Rejection::MissingSignature {
-                header: SIGNATURE_HEADER.to_owned(),
-            })?;
-        let value = raw
-            .to_str()
-            .map_err(|_| malformed("is not visible ASCII"))?;
+        let value = signature_value(req.headers, SIGNATURE_HEADER)?;
         let received = STANDARD
             .decode(value.trim())
-            .map_err(|_| malformed("is not base64"))?;
+            .map_err(|_| malformed(SIGNATURE_HEADER, "is not base64"))?;
 
         let url = self.signed_url(req)?;
         let body_hash = query_param(query_of(&url), BODY_HASH_PARAM);
@@ -93,6 +85,7 @@ impl ProviderAdapter for Twilio {
             None if req.body.is_empty() => Vec::new(),
             None => {
                 return Err(malformed(
+                    SIGNATURE_HEADER,
                     "cannot cover a body that is neither form-encoded nor hashed in a \
                      `bodySHA256` query parameter",
                 ))
@@ -177,7 +170,10 @@ impl Twilio {
                     .map(str::trim)
                     .filter(|host| !host.is_empty())
                     .ok_or_else(|| {
-                        malformed("cannot be checked: no public URL and no Host header")
+                        malformed(
+                            SIGNATURE_HEADER,
+                            "cannot be checked: no public URL and no Host header",
+                        )
                     })?;
                 let scheme = header_str(req.headers, "x-forwarded-proto")
                     .and_then(|proto| proto.split(',').next())
@@ -307,12 +303,6 @@ fn split_port(host_port: &str) -> (&str, Option<&str>) {
             (host, Some(port).filter(|port| !port.is_empty()))
         }
         _ => (host_port, None),
-    }
-}
-
-fn malformed(detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{SIGNATURE_HEADER} {detail}"),
     }
 }
 

@@ -31,8 +31,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::provider::{
-    event_key, parse_json, ExtractedEvent, InboundRequest, ProviderAdapter, ProviderReply,
-    Rejection, SignRequest,
+    event_key, malformed, parse_json, signature_value, ExtractedEvent, InboundRequest,
+    ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::{constant_time_eq, sha256, Mac256, Secret};
 
@@ -58,20 +58,13 @@ impl ProviderAdapter for WhatsApp {
         secrets: &[Secret],
         _tolerance: Duration,
     ) -> Result<(), Rejection> {
-        let raw = req
-            .headers
-            .get(SIGNATURE_HEADER)
-            .ok_or_else(|| Rejection::MissingSignature {
-                header: SIGNATURE_HEADER.to_owned(),
-            })?;
-        let value = raw
-            .to_str()
-            .map_err(|_| malformed("is not visible ASCII"))?;
+        let value = signature_value(req.headers, SIGNATURE_HEADER)?;
         let hex_digest = value
             .trim()
             .strip_prefix(SIGNATURE_PREFIX)
-            .ok_or_else(|| malformed("does not start with `sha256=`"))?;
-        let received = hex::decode(hex_digest).map_err(|_| malformed("is not hex"))?;
+            .ok_or_else(|| malformed(SIGNATURE_HEADER, "does not start with `sha256=`"))?;
+        let received =
+            hex::decode(hex_digest).map_err(|_| malformed(SIGNATURE_HEADER, "is not hex"))?;
 
         let matched = secrets
             .iter()
@@ -222,12 +215,6 @@ fn push_unique(
         });
     }
     Ok(())
-}
-
-fn malformed(detail: &str) -> Rejection {
-    Rejection::MalformedSignature {
-        detail: format!("{SIGNATURE_HEADER} {detail}"),
-    }
 }
 
 #[cfg(test)]
