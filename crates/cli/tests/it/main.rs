@@ -9,6 +9,7 @@ mod support;
 
 mod crash;
 mod forgery;
+mod hygiene;
 mod postgres;
 mod providers;
 mod redeliver;

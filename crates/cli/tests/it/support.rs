@@ -396,6 +396,14 @@ pub struct Options {
     pub extra_config: String,
     /// More environment variables for the process (the extra sources' secrets).
     pub extra_env: Vec<(String, String)>,
+    /// `server.header_timeout` and `server.body_timeout`.
+    pub header_timeout: &'static str,
+    /// See `header_timeout`.
+    pub body_timeout: &'static str,
+    /// `RUST_LOG` for the process when `TEST_LOG` is unset (its log goes to a file).
+    pub log_level: &'static str,
+    /// The destination's `secret` (hooklatch then signs what it delivers).
+    pub destination_secret: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -411,6 +419,10 @@ impl Default for Options {
             store_url: None,
             extra_config: String::new(),
             extra_env: Vec::new(),
+            header_timeout: "10s",
+            body_timeout: "60s",
+            log_level: "warn",
+            destination_secret: None,
         }
     }
 }
@@ -545,7 +557,8 @@ impl Gateway {
 listen = "127.0.0.1:{ingest}"
 admin_listen = "127.0.0.1:{admin}"
 admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
-body_timeout = "60s"
+header_timeout = "{header_timeout}"
+body_timeout = "{body_timeout}"
 shutdown_grace = "5s"
 {body_limit}
 [store]
@@ -575,9 +588,16 @@ max_attempts = {max_attempts}
 initial_backoff = "{initial_backoff}"
 max_backoff = "{max_backoff}"
 jitter = {jitter:?}
+{destination_secret}
 {extra}
 "#,
             extra = o.extra_config,
+            header_timeout = o.header_timeout,
+            body_timeout = o.body_timeout,
+            destination_secret = o
+                .destination_secret
+                .map(|s| format!("secret = \"{s}\""))
+                .unwrap_or_default(),
             ingest = self.ingest_port,
             admin = self.admin_port,
             url = self.destination_url,
@@ -655,7 +675,7 @@ jitter = {jitter:?}
                 .open(self.log_path())
                 .expect("opening the gateway log");
             let log_err = log.try_clone().expect("cloning the log handle");
-            cmd.env("RUST_LOG", "warn")
+            cmd.env("RUST_LOG", self.options.log_level)
                 .stdout(Stdio::from(log))
                 .stderr(Stdio::from(log_err));
         }
@@ -899,6 +919,11 @@ jitter = {jitter:?}
             let _ = file.read_to_string(&mut text);
         }
         text
+    }
+
+    /// The whole log so far (with `TEST_LOG` unset).
+    pub fn log(&self) -> String {
+        self.log_since(0)
     }
 
     /// The last `n` lines of the gateway's log.
