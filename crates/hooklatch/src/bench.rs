@@ -118,11 +118,7 @@ pub fn plan(opts: &BenchOptions) -> anyhow::Result<Plan> {
         (0.0..=0.9).contains(&opts.duplicates),
         "--duplicates is a share of all requests between 0.0 and 0.9"
     );
-    let url = format!(
-        "{}/in/{}",
-        opts.target.trim_end_matches('/'),
-        opts.source
-    );
+    let url = format!("{}/in/{}", opts.target.trim_end_matches('/'), opts.source);
     let adapter = crate::fixtures::signer(&opts.provider, &opts.secret)
         .ok_or_else(|| anyhow::anyhow!("no test events for provider {:?}", opts.provider))?;
     let now = Timestamp::now();
@@ -199,21 +195,21 @@ fn pad(body: &[u8], size: usize, i: u64) -> Vec<u8> {
         return body.to_vec();
     }
     let trimmed = body.trim_ascii_end();
-    let fill = |overhead: usize| "x".repeat(size.saturating_sub(body.len() + overhead));
     if trimmed.last() == Some(&b'}') {
         let head = &trimmed[..trimmed.len() - 1];
         let prefix = format!(",\"bench_padding\":\"{i}-");
+        let fill = size.saturating_sub(head.len() + prefix.len() + 2);
         let mut out = head.to_vec();
-        let f = fill(prefix.len() + 2);
         out.extend_from_slice(prefix.as_bytes());
-        out.extend_from_slice(f.as_bytes());
+        out.extend(std::iter::repeat_n(b'x', fill));
         out.extend_from_slice(b"\"}");
         out
     } else {
         let prefix = format!("&bench_padding={i}-");
+        let fill = size.saturating_sub(body.len() + prefix.len());
         let mut out = body.to_vec();
         out.extend_from_slice(prefix.as_bytes());
-        out.extend_from_slice(fill(prefix.len()).as_bytes());
+        out.extend(std::iter::repeat_n(b'x', fill));
         out
     }
 }
@@ -403,7 +399,11 @@ pub async fn run(
                 };
                 let done = Instant::now();
                 let micros = done.saturating_duration_since(due).as_micros() as u64;
-                tally.latency.lock().unwrap().saturating_record(micros.max(1));
+                tally
+                    .latency
+                    .lock()
+                    .unwrap()
+                    .saturating_record(micros.max(1));
                 *tally.statuses.lock().unwrap().entry(status).or_default() += 1;
                 if let Some(answer) = answer {
                     if answer == "accepted" {
@@ -454,6 +454,7 @@ pub async fn run(
         }
     }
     let elapsed = started.elapsed();
+    drop(send_one);
     let tally = Arc::try_unwrap(tally).map_err(|_| anyhow::anyhow!("requests still running"))?;
     Ok(BenchReport {
         label: label.to_owned(),
@@ -499,7 +500,10 @@ where
 /// Reads a request body to the end (the gateway reads it too, so the ceiling does).
 async fn drain(body: hyper::body::Incoming) -> usize {
     use http_body_util::BodyExt;
-    body.collect().await.map(|b| b.to_bytes().len()).unwrap_or(0)
+    body.collect()
+        .await
+        .map(|b| b.to_bytes().len())
+        .unwrap_or(0)
 }
 
 /// A minimal hyper server on `127.0.0.1:0` answering 200 `{"status":"ok"}` to every request,
@@ -532,13 +536,16 @@ pub fn baseline_server() -> anyhow::Result<Baseline> {
         let Ok(listener) = tokio::net::TcpListener::from_std(std_listener) else {
             return;
         };
-        serve_loop(listener, |req: http::Request<hyper::body::Incoming>| async move {
-            drain(req.into_body()).await;
-            http::Response::builder()
-                .header("content-type", "application/json")
-                .body(r#"{"status":"ok"}"#.to_owned())
-                .expect("a valid response")
-        })
+        serve_loop(
+            listener,
+            |req: http::Request<hyper::body::Incoming>| async move {
+                drain(req.into_body()).await;
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(r#"{"status":"ok"}"#.to_owned())
+                    .expect("a valid response")
+            },
+        )
         .await
     });
     Ok(Baseline {

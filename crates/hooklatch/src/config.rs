@@ -109,14 +109,68 @@ pub struct DeliverySettings {
 pub struct Destination {
     /// Its name.
     pub name: String,
-    /// Where to POST.
-    pub url: reqwest::Url,
-    /// Signs deliveries (Standard Webhooks scheme) when set.
-    pub secret: Option<Secret>,
+    /// Where and how deliveries go.
+    pub kind: DestinationKind,
     /// Time allowed for one attempt.
     pub timeout: Duration,
     /// Retries.
     pub retry: RetryPolicy,
+}
+
+/// What a destination is: an HTTP endpoint (`url`) or a RabbitMQ exchange (`amqp`).
+#[derive(Debug, Clone)]
+pub enum DestinationKind {
+    /// POST to an HTTP endpoint.
+    Http {
+        /// Where to POST.
+        url: reqwest::Url,
+        /// Signs deliveries (Standard Webhooks scheme) when set.
+        secret: Option<Secret>,
+    },
+    /// Publish to a RabbitMQ exchange, persistent, confirmed and mandatory.
+    Amqp(AmqpSettings),
+}
+
+/// A RabbitMQ destination's settings.
+#[derive(Clone)]
+pub struct AmqpSettings {
+    /// `amqp://user:password@host:port/vhost`; may hold a password: log [`Self::redacted_url`].
+    pub url: Secret,
+    /// The exchange (`""`: the default exchange).
+    pub exchange: String,
+    /// The routing key.
+    pub routing_key: String,
+    /// Declare the exchange (durable) on connection.
+    pub declare: bool,
+    /// With `declare`: a durable queue to declare and bind.
+    pub queue: Option<String>,
+    /// With `queue`: a quorum queue.
+    pub quorum: bool,
+}
+
+impl AmqpSettings {
+    /// The URL as text (it was checked to be UTF-8).
+    pub fn url_text(&self) -> &str {
+        self.url.expose_text().unwrap_or_default()
+    }
+
+    /// The URL with its password replaced by `***`, for logs.
+    pub fn redacted_url(&self) -> String {
+        hooklatch_queue_rabbitmq::redact_url(self.url_text())
+    }
+}
+
+impl std::fmt::Debug for AmqpSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpSettings")
+            .field("url", &self.redacted_url())
+            .field("exchange", &self.exchange)
+            .field("routing_key", &self.routing_key)
+            .field("declare", &self.declare)
+            .field("queue", &self.queue)
+            .field("quorum", &self.quorum)
+            .finish()
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -192,14 +246,140 @@ struct RawSource {
 #[serde(deny_unknown_fields)]
 struct RawDestination {
     name: String,
-    url: String,
+    url: Option<String>,
     secret: Option<String>,
+    amqp: Option<String>,
+    exchange: Option<String>,
+    routing_key: Option<String>,
+    declare: Option<bool>,
+    queue: Option<String>,
+    quorum: Option<bool>,
     timeout: Option<Value>,
     max_attempts: Option<i64>,
     initial_backoff: Option<Value>,
     max_backoff: Option<Value>,
     jitter: Option<f64>,
     max_age: Option<Value>,
+}
+
+/// A destination's `url` (HTTP) or `amqp` (RabbitMQ) half, checked: exactly one of the two,
+/// and only the keys of that kind.
+fn destination_kind(
+    key: &str,
+    rd: &RawDestination,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<DestinationKind, ConfigError> {
+    match (&rd.url, &rd.amqp) {
+        (Some(_), Some(_)) => Err(err(
+            format!("{key}.amqp"),
+            "a destination has either url (HTTP) or amqp (RabbitMQ), not both",
+        )),
+        (None, None) => Err(err(
+            format!("{key}.url"),
+            "is required (or amqp = \"amqp://…\" for a RabbitMQ destination)",
+        )),
+        (Some(raw_url), None) => {
+            let amqp_only = [
+                ("exchange", rd.exchange.is_some()),
+                ("routing_key", rd.routing_key.is_some()),
+                ("declare", rd.declare.is_some()),
+                ("queue", rd.queue.is_some()),
+                ("quorum", rd.quorum.is_some()),
+            ];
+            if let Some((field, _)) = amqp_only.iter().find(|(_, set)| *set) {
+                return Err(err(
+                    format!("{key}.{field}"),
+                    "applies only to amqp destinations",
+                ));
+            }
+            let url = reqwest::Url::parse(raw_url).map_err(|e| err(format!("{key}.url"), e))?;
+            if !matches!(url.scheme(), "http" | "https") {
+                return Err(err(format!("{key}.url"), "must be http:// or https://"));
+            }
+            let secret = rd
+                .secret
+                .as_deref()
+                .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
+                .transpose()?;
+            if secret.as_ref().is_some_and(|s| decode_secret(s).is_none()) {
+                return Err(err(
+                    format!("{key}.secret"),
+                    "a secret starting with whsec_ must continue with base64 (Standard Webhooks format)",
+                ));
+            }
+            Ok(DestinationKind::Http { url, secret })
+        }
+        (None, Some(reference)) => {
+            if rd.secret.is_some() {
+                return Err(err(
+                    format!("{key}.secret"),
+                    "applies only to HTTP destinations (amqp messages carry message_id instead)",
+                ));
+            }
+            let url = read_secret(&format!("{key}.amqp"), reference, env, base_dir)?;
+            let text = url
+                .expose_text()
+                .ok_or_else(|| err(format!("{key}.amqp"), "is not UTF-8"))?;
+            if text.starts_with("amqps://") {
+                return Err(err(
+                    format!("{key}.amqp"),
+                    "amqps:// (TLS) is not supported yet; use amqp:// on a trusted network",
+                ));
+            }
+            if !text.starts_with("amqp://") {
+                return Err(err(format!("{key}.amqp"), "must be an amqp:// URL"));
+            }
+            if !hooklatch_queue_rabbitmq::is_valid_url(text) {
+                return Err(err(
+                    format!("{key}.amqp"),
+                    format!(
+                        "is not a valid AMQP URL: {}",
+                        hooklatch_queue_rabbitmq::redact_url(text)
+                    ),
+                ));
+            }
+            let exchange = rd.exchange.clone().ok_or_else(|| {
+                err(
+                    format!("{key}.exchange"),
+                    "is required for an amqp destination (\"\" for the default exchange)",
+                )
+            })?;
+            let routing_key = rd.routing_key.clone().ok_or_else(|| {
+                err(
+                    format!("{key}.routing_key"),
+                    "is required for an amqp destination",
+                )
+            })?;
+            let declare = rd.declare.unwrap_or(false);
+            if rd.queue.is_some() && !declare {
+                return Err(err(
+                    format!("{key}.queue"),
+                    "is declared only with declare = true",
+                ));
+            }
+            if rd.queue.as_deref() == Some("") {
+                return Err(err(format!("{key}.queue"), "is empty"));
+            }
+            if rd.quorum.is_some() && rd.queue.is_none() {
+                return Err(err(format!("{key}.quorum"), "applies only with queue"));
+            }
+            if declare && exchange.is_empty() && rd.queue.is_none() {
+                return Err(err(
+                    format!("{key}.declare"),
+                    "the default exchange (\"\") cannot be declared; set queue, or declare = false",
+                ));
+            }
+            Ok(DestinationKind::Amqp(AmqpSettings {
+                url,
+                exchange,
+                routing_key,
+                declare,
+                queue: rd.queue.clone(),
+                quorum: rd.quorum.unwrap_or(false),
+            }))
+        }
+    }
 }
 
 /// Default signed-timestamp tolerance (Stripe's and Standard Webhooks' libraries use 300 s).
@@ -350,10 +530,6 @@ fn resolve(
                 format!("{:?} is empty or used twice", rd.name),
             ));
         }
-        let url = reqwest::Url::parse(&rd.url).map_err(|e| err(format!("{key}.url"), e))?;
-        if !matches!(url.scheme(), "http" | "https") {
-            return Err(err(format!("{key}.url"), "must be http:// or https://"));
-        }
         let opt = |field: &str, v: &Option<Value>, default: Duration| match v {
             Some(v) => positive(&format!("{key}.{field}"), v),
             None => Ok(default),
@@ -377,21 +553,10 @@ fn resolve(
                 .transpose()?
                 .unwrap_or(default_retry.jitter),
         };
-        let secret = rd
-            .secret
-            .as_deref()
-            .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
-            .transpose()?;
-        if secret.as_ref().is_some_and(|s| decode_secret(s).is_none()) {
-            return Err(err(
-                format!("{key}.secret"),
-                "a secret starting with whsec_ must continue with base64 (Standard Webhooks format)",
-            ));
-        }
+        let kind = destination_kind(&key, rd, env, base_dir)?;
         destinations.push(Destination {
             name: rd.name.clone(),
-            url,
-            secret,
+            kind,
             timeout: opt("timeout", &rd.timeout, default_timeout)?,
             retry,
         });
@@ -1048,5 +1213,88 @@ tolerance = "30s"
         assert_eq!(parse_size("10MB"), Some(10_000_000));
         assert_eq!(parse_size("12"), Some(12));
         assert_eq!(parse_size("1 parsec"), None);
+    }
+
+    #[test]
+    fn amqp_destinations_are_checked_and_never_show_their_password() {
+        let amqp = |rest: &str| {
+            EXAMPLE.replace(
+                "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+                &format!("amqp = \"env:MQ_URL\"\n{rest}"),
+            )
+        };
+        let e = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("MQ_URL", "amqp://guest:pa55word@127.0.0.1:5672/%2f"),
+        ]);
+        let s = load_str(
+            &amqp("exchange = \"payments\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"q\"\nquorum = true\nmax_attempts = 3"),
+            &e,
+        )
+        .unwrap();
+        let d = &s.destinations[0];
+        assert_eq!(d.retry.max_attempts, 3);
+        let DestinationKind::Amqp(a) = &d.kind else {
+            panic!("{d:?}")
+        };
+        assert_eq!(
+            (a.exchange.as_str(), a.routing_key.as_str()),
+            ("payments", "payment.confirmed")
+        );
+        assert!(a.declare && a.quorum);
+        assert_eq!(a.queue.as_deref(), Some("q"));
+        assert_eq!(a.redacted_url(), "amqp://guest:***@127.0.0.1:5672/%2f");
+        assert!(!format!("{d:?}").contains("pa55word"));
+        // The default exchange is allowed.
+        load_str(&amqp("exchange = \"\"\nrouting_key = \"q\""), &e).unwrap();
+
+        let check = |toml: &str, expect: &str| {
+            let msg = load_str(toml, &e).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+            assert!(!msg.contains("pa55word"), "{msg}");
+        };
+        check(
+            &amqp("routing_key = \"k\""),
+            "destinations[0].exchange: is required",
+        );
+        check(
+            &amqp("exchange = \"x\""),
+            "destinations[0].routing_key: is required",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\nurl = \"http://h/\""),
+            "destinations[0].amqp: a destination has either url (HTTP) or amqp (RabbitMQ), not both",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\nqueue = \"q\""),
+            "destinations[0].queue: is declared only with declare = true",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\nquorum = true"),
+            "destinations[0].quorum: applies only with queue",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\nsecret = \"s\""),
+            "destinations[0].secret: applies only to HTTP destinations",
+        );
+        check(
+            &EXAMPLE.replace("/webhooks/stripe\"", "/webhooks/stripe\"\nexchange = \"x\""),
+            "destinations[0].exchange: applies only to amqp destinations",
+        );
+        check(
+            &EXAMPLE.replace("url = \"http://127.0.0.1:3000/webhooks/stripe\"", ""),
+            "destinations[0].url: is required",
+        );
+        let mut bad = e.clone();
+        bad.insert("MQ_URL".into(), "https://guest:pa55word@h/".into());
+        let msg = load_str(&amqp("exchange = \"x\"\nrouting_key = \"k\""), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("destinations[0].amqp: must be an amqp:// URL"),
+            "{msg}"
+        );
+        assert!(!msg.contains("pa55word"), "{msg}");
     }
 }

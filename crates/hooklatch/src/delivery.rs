@@ -1,4 +1,5 @@
-//! Delivery workers: take due deliveries from the outbox and POST them to their destinations.
+//! Delivery workers: take due deliveries from the outbox and hand them to their destinations:
+//! an HTTP POST, or a publish to RabbitMQ.
 //!
 //! One dispatcher loop leases due rows (up to the free concurrency), spawns one task per
 //! delivery, and sleeps until woken by a new event, the next due time, a finished task or the
@@ -6,6 +7,11 @@
 //! plus `Idempotency-Key` (the same on every attempt) and, when the destination has a secret,
 //! a Standard Webhooks signature. 2xx is success; anything else, a redirect included, is a
 //! failure retried by the destination's [`RetryPolicy`](hooklatch_core::RetryPolicy).
+//!
+//! An AMQP destination publishes through its shared [`Publisher`]: persistent, `mandatory`,
+//! `message_id` = the Idempotency-Key. Success is the broker's publisher confirm of a routed
+//! message; a returned (unroutable) message, a nack, a timeout or a connection error is a
+//! failure (no HTTP status), retried and dead-lettered by the same policy.
 //!
 //! A worker that dies holding leases loses them when they expire, and the rows are delivered
 //! again with the same key: delivery is at least once, and the key lets the application's
@@ -24,7 +30,9 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Destination;
+use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher};
+
+use crate::config::{Destination, DestinationKind};
 
 /// Request headers never forwarded: hop-by-hop headers, ones the HTTP client sets itself, and
 /// the Standard Webhooks headers hooklatch writes with its own signature.
@@ -50,6 +58,10 @@ const DROPPED_HEADERS: &[&str] = &[
 pub struct Worker {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) destinations: HashMap<String, Arc<Destination>>,
+    /// One publisher per AMQP destination, by destination name.
+    pub(crate) publishers: HashMap<String, Arc<Publisher>>,
+    /// Each source's provider, by source name (the `hooklatch-provider` AMQP header).
+    pub(crate) providers: HashMap<String, &'static str>,
     pub(crate) client: reqwest::Client,
     pub(crate) owner: String,
     pub(crate) concurrency: usize,
@@ -162,12 +174,23 @@ impl Worker {
             return;
         };
         drop(_enter);
-        let outcome = self.send(&dest, &delivery, attempt, started_at).await;
+        let outcome = match &dest.kind {
+            DestinationKind::Http { url, secret } => self
+                .send(&dest, url, secret.as_ref(), &delivery, attempt, started_at)
+                .await
+                .map(|(status, retry_after)| (Some(status), retry_after)),
+            DestinationKind::Amqp(_) => self
+                .publish(&dest, &delivery, attempt, started_at)
+                .await
+                .map(|()| (None, None)),
+        };
         let latency = clock.elapsed();
         let now = Timestamp::now();
         let (status, error, retry_after) = match outcome {
-            Ok((status, _)) if (200..300).contains(&status) => (Some(status), None, None),
-            Ok((status, retry_after)) => {
+            // A confirmed publish: no HTTP status.
+            Ok((None, _)) => (None, None, None),
+            Ok((Some(status), _)) if (200..300).contains(&status) => (Some(status), None, None),
+            Ok((Some(status), retry_after)) => {
                 let error = if (300..400).contains(&status) {
                     format!("HTTP {status}: redirects are not followed")
                 } else {
@@ -237,13 +260,15 @@ impl Worker {
     async fn send(
         &self,
         dest: &Destination,
+        url: &reqwest::Url,
+        secret: Option<&hooklatch_core::Secret>,
         delivery: &LeasedDelivery,
         attempt: u32,
         now: Timestamp,
     ) -> Result<(u16, Option<String>), String> {
         let mut req = self
             .client
-            .post(dest.url.clone())
+            .post(url.clone())
             .timeout(dest.timeout)
             .body(delivery.body.clone());
         for (name, value) in &delivery.headers {
@@ -261,7 +286,7 @@ impl Worker {
         if let Some(event_type) = &delivery.event_type {
             req = req.header("hooklatch-event-type", event_type.as_str());
         }
-        if let Some(key_bytes) = dest.secret.as_ref().and_then(decode_secret) {
+        if let Some(key_bytes) = secret.and_then(decode_secret) {
             let ts = now.as_secs();
             req = req
                 .header("webhook-id", key)
@@ -282,6 +307,47 @@ impl Worker {
             }
             Err(err) => Err(describe(&err, dest.timeout)),
         }
+    }
+}
+
+impl Worker {
+    /// Publishes one attempt to the destination's broker and waits for its confirm; `Ok` only
+    /// once the broker has confirmed a routed message.
+    async fn publish(
+        &self,
+        dest: &Destination,
+        delivery: &LeasedDelivery,
+        attempt: u32,
+        now: Timestamp,
+    ) -> Result<(), String> {
+        let publisher = self
+            .publishers
+            .get(&dest.name)
+            .ok_or_else(|| format!("no publisher for destination {:?}", dest.name))?;
+        let content_type = delivery
+            .headers
+            .iter()
+            .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+            .and_then(|(_, value)| std::str::from_utf8(value).ok());
+        let delivery_id = delivery.id.to_string();
+        let message = Message {
+            body: &delivery.body,
+            idempotency_key: delivery.idempotency_key.as_str(),
+            content_type,
+            source: delivery.source.as_str(),
+            provider: self.providers.get(&delivery.source).copied(),
+            event_type: delivery.event_type.as_deref(),
+            delivery_id: &delivery_id,
+            attempt,
+            timestamp: u64::try_from(now.as_secs()).unwrap_or(0),
+        };
+        publisher.publish(&message).await.map_err(|e| {
+            if matches!(e, PublishError::Returned { .. }) {
+                metrics::counter!("hooklatch_amqp_returned_total", "destination" => dest.name.clone())
+                    .increment(1);
+            }
+            e.to_string()
+        })
     }
 }
 

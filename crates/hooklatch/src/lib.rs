@@ -7,7 +7,8 @@
 //!
 //! Layout:
 //! - [`config`]: layered TOML and environment configuration, resolved into [`Settings`].
-//! - [`delivery`]: the workers that deliver the outbox to destinations with retries.
+//! - [`delivery`]: the workers that deliver the outbox to destinations (HTTP or RabbitMQ) with
+//!   retries.
 //! - [`bench`]: the load generator behind `hooklatch bench` (ingest, the HTTP ceiling, delivery).
 //! - [`fixtures`]: realistic signed test events per provider (`hooklatch send`).
 //! - [`capture`]: one request as the gateway kept it, and the export file format.
@@ -194,9 +195,40 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         .map(|d| d.timeout)
         .max()
         .unwrap_or(Duration::from_secs(30));
+    // One publisher (one connection, one confirm-mode channel) per RabbitMQ destination,
+    // shared by every delivery task; each connects on its first publish.
+    let publishers: HashMap<_, _> = settings
+        .destinations
+        .iter()
+        .filter_map(|d| match &d.kind {
+            config::DestinationKind::Amqp(a) => {
+                let mut cfg = hooklatch_queue_rabbitmq::PublisherConfig::new(
+                    a.url_text(),
+                    a.exchange.clone(),
+                    a.routing_key.clone(),
+                );
+                cfg.declare = a.declare;
+                cfg.queue = a.queue.clone();
+                cfg.quorum = a.quorum;
+                cfg.timeout = d.timeout;
+                Some((
+                    d.name.clone(),
+                    Arc::new(hooklatch_queue_rabbitmq::Publisher::new(cfg)),
+                ))
+            }
+            config::DestinationKind::Http { .. } => None,
+        })
+        .collect();
+    let providers = settings
+        .sources
+        .iter()
+        .map(|s| (s.name.to_string(), s.adapter.provider()))
+        .collect();
     let worker = delivery::Worker {
         store: store.clone(),
         destinations,
+        publishers: publishers.clone(),
+        providers,
         client: delivery::Worker::client().context("building the delivery HTTP client")?,
         owner: format!("{}-{}", std::process::id(), rand::random::<u32>()),
         concurrency: settings.delivery.concurrency,
@@ -244,6 +276,9 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             tracing::error!(%err, "a gateway task panicked");
         }
     }
+    for publisher in publishers.values() {
+        publisher.disconnect().await;
+    }
     drop(opened);
     tracing::info!("stopped");
     Ok(())
@@ -275,16 +310,31 @@ fn log_effective_config(settings: &Settings) {
         );
     }
     for d in &settings.destinations {
-        let mut url = d.url.clone();
-        let _ = url.set_password(None);
-        let _ = url.set_username("");
-        tracing::info!(
-            destination = %d.name,
-            url = %url,
-            signed = d.secret.is_some(),
-            max_attempts = d.retry.max_attempts,
-            "destination"
-        );
+        match &d.kind {
+            config::DestinationKind::Http { url, secret } => {
+                let mut url = url.clone();
+                let _ = url.set_password(None);
+                let _ = url.set_username("");
+                tracing::info!(
+                    destination = %d.name,
+                    url = %url,
+                    signed = secret.is_some(),
+                    max_attempts = d.retry.max_attempts,
+                    "destination"
+                );
+            }
+            config::DestinationKind::Amqp(a) => tracing::info!(
+                destination = %d.name,
+                amqp = %a.redacted_url(),
+                exchange = %a.exchange,
+                routing_key = %a.routing_key,
+                declare = a.declare,
+                queue = a.queue.as_deref().unwrap_or(""),
+                quorum = a.quorum,
+                max_attempts = d.retry.max_attempts,
+                "destination"
+            ),
+        }
     }
     if settings.sources.is_empty() {
         tracing::warn!("no [[sources]] configured: every request to /in/... will get 404");

@@ -1,0 +1,135 @@
+//! A smoke run of `hooklatch bench` against a real `hooklatch serve`: it runs, and it counts
+//! correctly. No timing is asserted (CI machines vary); the numbers live in BENCHMARKS.md.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const ADMIN_TOKEN: &str = "bench-smoke-admin-token-0123456789";
+const SECRET: &str = "whsec_bench_smoke_0123456789";
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    listener.local_addr().expect("local address").port()
+}
+
+/// Kills the gateway when the test ends, however it ends.
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (ingest, admin, sink) = (free_port(), free_port(), free_port());
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[server]
+listen = "127.0.0.1:{ingest}"
+admin_listen = "127.0.0.1:{admin}"
+admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
+
+[store]
+url = "sqlite://{db}"
+
+[[sources]]
+name = "stripe"
+provider = "stripe"
+secrets = ["{SECRET}"]
+destinations = ["sink"]
+
+[[destinations]]
+name = "sink"
+url = "http://127.0.0.1:{sink}/sink"
+"#,
+            db = dir.path().join("hooklatch.db").display(),
+        ),
+    )
+    .expect("writing the config");
+    let log = std::fs::File::create(dir.path().join("gateway.log")).expect("a log file");
+    let mut gw = Gateway(
+        Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting hooklatch serve"),
+    );
+    let started = Instant::now();
+    loop {
+        if std::net::TcpStream::connect(("127.0.0.1", ingest)).is_ok() {
+            break;
+        }
+        assert!(
+            gw.0.try_wait().expect("gateway status").is_none(),
+            "the gateway exited: {}",
+            std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the gateway never listened"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["bench", "--target"])
+        .arg(format!("http://127.0.0.1:{ingest}"))
+        .args(["--secret", SECRET, "--events", "200", "--duplicates", "0.1"])
+        .args([
+            "--concurrency",
+            "8",
+            "--baseline",
+            "--json",
+            "--sink-wait",
+            "30s",
+        ])
+        .args(["--body-size", "2048", "--sink-listen"])
+        .arg(format!("127.0.0.1:{sink}"))
+        .arg("--pid")
+        .arg(gw.0.id().to_string())
+        .output()
+        .expect("running hooklatch bench");
+    assert!(
+        out.status.success(),
+        "bench failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("bench --json prints JSON");
+
+    // 200 distinct events, and duplicates = round(200 × 0.1 / 0.9) = 22 byte-identical copies.
+    let run = &doc["hooklatch"];
+    assert_eq!(run["sent"], 222, "{doc:#}");
+    assert_eq!(run["duplicates_sent"], 22, "{doc:#}");
+    assert_eq!(run["statuses"], serde_json::json!({"200": 222}), "{doc:#}");
+    assert_eq!(run["answers"]["accepted"], 200, "{doc:#}");
+    assert_eq!(run["answers"]["duplicate"], 22, "{doc:#}");
+    assert!(run["answers"].get("conflict").is_none(), "{doc:#}");
+    assert!(doc["body_bytes"].as_u64().unwrap() >= 2048, "{doc:#}");
+
+    // The ceiling got the same requests.
+    assert_eq!(doc["baseline"]["sent"], 222, "{doc:#}");
+    assert_eq!(doc["baseline"]["statuses"]["200"], 222, "{doc:#}");
+    assert!(doc["ratio_to_ceiling"].as_f64().is_some(), "{doc:#}");
+
+    // Every accepted event reached the sink.
+    assert_eq!(doc["delivery"]["accepted"], 200, "{doc:#}");
+    assert_eq!(doc["delivery"]["delivered"], 200, "{doc:#}");
+
+    // The server's memory was sampled.
+    assert!(doc["memory"]["vm_hwm_kib"].as_u64().unwrap() > 0, "{doc:#}");
+}

@@ -1,0 +1,41 @@
+//! AMQP URLs in logs and errors: the password replaced.
+
+/// `url` with the password of its user info replaced by `***`
+/// (`amqp://guest:***@127.0.0.1:5672/%2f`); anything else unchanged.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let masked = if userinfo.contains(':') { ":***" } else { "" };
+            format!("{scheme}://{user}{masked}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Whether `url` parses as an AMQP URI (`amqp://user:pass@host:port/vhost`).
+pub fn is_valid_url(url: &str) -> bool {
+    url.parse::<lapin::uri::AMQPUri>().is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn hides_the_password_only() {
+        assert_eq!(
+            redact_url("amqp://guest:s3cr%2Ft@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact_url("amqp://user@h/v"), "amqp://user@h/v");
+        assert_eq!(redact_url("amqp://h:5672"), "amqp://h:5672");
+        assert_eq!(redact_url("amqp://u:p@h?x=1"), "amqp://u:***@h?x=1");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}
