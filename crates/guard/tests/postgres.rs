@@ -179,7 +179,25 @@ async fn a_waiting_duplicate_claims_after_the_first_rolls_back() {
         let mut tx = pool.begin().await.expect("begin");
         claim(&mut tx, "src:evt_1").await.expect("claim")
     });
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Wait (bounded) until the duplicate is seen waiting on a lock, not for a fixed time.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .expect("pg_stat_activity");
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the duplicate never waited on the unique index"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(!second.is_finished(), "the duplicate waits on the index");
     first.rollback().await.expect("rollback");
     assert_eq!(second.await.expect("task"), Claim::First);
