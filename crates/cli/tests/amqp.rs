@@ -5,11 +5,23 @@
 //! fail. Each test declares its own exchange and queue and deletes them afterwards.
 //!
 //! The gateway helpers are the end-to-end suite's own (`it/support.rs`), included as is.
+//!
+//! The payment → ticket tests also run the example consumer (`examples/ticket-consumer`) as a
+//! real process against a PostgreSQL database of their own on the server
+//! `HOOKLATCH_TEST_POSTGRES_URL` points at (e.g. `postgres://postgres@127.0.0.1:5432/postgres`,
+//! a user that may create databases); they skip without it, and fail under CI. The consumer is
+//! its own package, and `CARGO_BIN_EXE_*` only names this package's binaries, so
+//! [`ticket_consumer_bin`] builds it once per run with
+//! `cargo build -p hooklatch-example-ticket-consumer` into this run's target dir and profile.
 
 #[allow(dead_code)]
 #[path = "it/support.rs"]
 mod support;
 
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use lapin::message::BasicGetMessage;
@@ -19,7 +31,11 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-use support::{stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler, Options};
+use sqlx::Connection as _;
+use support::{
+    stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler, Options,
+    DEADLINE,
+};
 
 /// The broker URL, or `None` (after printing why) when the tests should skip.
 fn broker_url() -> Option<String> {
@@ -331,4 +347,406 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
 
     drop(gw);
     broker.clean_up().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Payment → ticket: the gateway, RabbitMQ and the example consumer, with PostgreSQL
+
+/// The invoice `stripe_invoice_paid` pays: the consumer's order id (`data.object.id`).
+const ORDER_ID: &str = "in_1QRn2bLkdIwHu7ix0Gkq5ZxY";
+
+/// The PostgreSQL admin URL, or `None` (after printing why) when the tests should skip.
+fn postgres_url() -> Option<String> {
+    match std::env::var("HOOKLATCH_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "HOOKLATCH_TEST_POSTGRES_URL must be set under CI (a PostgreSQL server for the tests)"
+            );
+            eprintln!("skipped: set HOOKLATCH_TEST_POSTGRES_URL");
+            None
+        }
+    }
+}
+
+/// A database of the test's own, created on the admin URL's server and dropped at the end.
+struct TestDb {
+    admin_url: String,
+    name: String,
+}
+
+impl TestDb {
+    async fn create(admin_url: &str) -> TestDb {
+        let name = unique("hooklatch_tickets").to_lowercase();
+        let mut conn = sqlx::PgConnection::connect(admin_url)
+            .await
+            .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&mut conn)
+            .await
+            .expect("creating the test database");
+        let _ = conn.close().await;
+        TestDb {
+            admin_url: admin_url.to_owned(),
+            name,
+        }
+    }
+
+    /// The admin URL with its database name replaced by this one.
+    fn url(&self) -> String {
+        let (base, query) = match self.admin_url.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (self.admin_url.as_str(), None),
+        };
+        let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
+        match query {
+            Some(q) => format!("{server}/{}?{q}", self.name),
+            None => format!("{server}/{}", self.name),
+        }
+    }
+
+    /// `SELECT count(*) FROM tickets`.
+    async fn tickets(&self) -> i64 {
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .expect("connecting to the test database");
+        let n = sqlx::query_scalar("SELECT count(*) FROM tickets")
+            .fetch_one(&mut conn)
+            .await
+            .expect("counting tickets");
+        let _ = conn.close().await;
+        n
+    }
+
+    /// The tickets' `(order_id, idempotency_key)`.
+    async fn ticket_rows(&self) -> Vec<(String, String)> {
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .expect("connecting to the test database");
+        let rows = sqlx::query_as("SELECT order_id, idempotency_key FROM tickets")
+            .fetch_all(&mut conn)
+            .await
+            .expect("reading tickets");
+        let _ = conn.close().await;
+        rows
+    }
+
+    async fn drop_now(self) {
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::query(&format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            ))
+            .execute(&mut conn)
+            .await;
+        }
+    }
+}
+
+/// The example consumer's binary, built once per test run into this run's target dir and
+/// profile (found from the `hooklatch` binary's path), like the replay tests' credit service.
+fn ticket_consumer_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let hooklatch = Path::new(env!("CARGO_BIN_EXE_hooklatch"));
+        let profile_dir = hooklatch.parent().expect("the binary's directory");
+        let target_dir = profile_dir.parent().expect("the target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+        };
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "hooklatch-example-ticket-consumer",
+            ])
+            .arg("--manifest-path")
+            .arg(&manifest)
+            .arg("--target-dir")
+            .arg(target_dir)
+            .arg("--profile")
+            .arg(&profile)
+            .status()
+            .expect("running cargo build for the ticket consumer");
+        assert!(status.success(), "building the ticket consumer failed");
+        let bin = profile_dir.join(format!("ticket-consumer{}", std::env::consts::EXE_SUFFIX));
+        assert!(
+            bin.exists(),
+            "no ticket-consumer binary at {}",
+            bin.display()
+        );
+        bin
+    })
+}
+
+/// A running `ticket-consumer`; its stdout lines are collected as they come. Killed on drop.
+struct Consumer {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Consumer {
+    async fn start(amqp: &str, queue: &str, db: &str, exit_after_commit: bool) -> Consumer {
+        let bin = tokio::task::spawn_blocking(ticket_consumer_bin)
+            .await
+            .expect("the build thread");
+        let mut command = Command::new(bin);
+        command
+            .args(["--amqp", amqp, "--queue", queue, "--db", db])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if exit_after_commit {
+            command.arg("--exit-after-commit");
+        }
+        let mut child = command.spawn().expect("starting ticket-consumer");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().expect("piped stderr");
+        let err_sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = err_pipe.read(&mut buf) {
+                err_sink
+                    .lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Consumer {
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Stdout and stderr so far, for assertion messages.
+    fn output(&self) -> String {
+        format!(
+            "stdout:\n{}\nstderr:\n{}",
+            self.lines().join("\n"),
+            self.stderr.lock().unwrap()
+        )
+    }
+
+    /// Waits until stdout has a line `pred` accepts; fails early if the process exits.
+    async fn wait_for_line(&mut self, what: &str, pred: impl Fn(&str) -> bool) {
+        let started = Instant::now();
+        while !self.lines().iter().any(|l| pred(l)) {
+            if let Some(status) = self.child.try_wait().expect("polling the consumer") {
+                // The reader thread may still be draining stdout.
+                if !self.lines().iter().any(|l| pred(l)) {
+                    panic!(
+                        "ticket-consumer exited ({status}) before {what}\n{}",
+                        self.output()
+                    );
+                }
+                break;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "timed out waiting for {what}\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// Waits for the process to exit on its own.
+    async fn wait_exit(&mut self) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("polling the consumer") {
+                return status;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "ticket-consumer did not exit\n{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Starts a gateway whose AMQP destination declares `exchange` and a durable `queue` bound to
+/// it with `payment.confirmed`.
+async fn gateway_for_tickets(url: &str, exchange: &str, queue: &str) -> (Handler, Gateway) {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        options(
+            url,
+            &format!(
+                "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+            ),
+        ),
+    )
+    .await;
+    (handler, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_payment_sent_42_times_issues_one_ticket_through_rabbitmq_and_the_guard() {
+    let Some(url) = broker_url() else { return };
+    let Some(pg) = postgres_url() else { return };
+    let db = TestDb::create(&pg).await;
+    let mut broker = Broker::connect(&url).await;
+    let exchange = format!("hooklatch-e2e-x-{}", unique("ticket"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("ticket"));
+    broker.owns(&exchange, &queue);
+    let (_handler, gw) = gateway_for_tickets(&url, &exchange, &queue).await;
+
+    // 10 sequential + 32 concurrent copies of one payment.
+    let event = unique("evt");
+    let body = stripe_invoice_paid(&event, 4200);
+    for _ in 0..10 {
+        let (status, json) = gw
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        assert_eq!(status, 200, "{json}");
+    }
+    let mut senders = tokio::task::JoinSet::new();
+    for _ in 0..32 {
+        let ingest = gw.ingest();
+        let body = body.clone();
+        senders.spawn(async move { ingest.post("stripe", &stripe_headers(&body), body).await });
+    }
+    while let Some(sent) = senders.join_next().await {
+        let (status, json) = sent.expect("a sender task");
+        assert_eq!(status, 200, "{json}");
+    }
+    let key = format!("stripe:{event}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+
+    let mut consumer = Consumer::start(&url, &queue, &db.url(), false).await;
+    consumer
+        .wait_for_line("the payment consumed", |l| l.starts_with("new "))
+        .await;
+    consumer.stop();
+    assert_eq!(
+        consumer.lines(),
+        vec![format!("new {key}")],
+        "exactly one message, consumed as new\n{}",
+        consumer.output()
+    );
+    assert_eq!(db.tickets().await, 1, "exactly one ticket");
+    assert_eq!(
+        db.ticket_rows().await,
+        vec![(ORDER_ID.to_owned(), key.clone())]
+    );
+    // It was acked: a stopped consumer's unacked message would be back in the queue.
+    assert!(
+        broker
+            .get_within(&queue, Duration::from_secs(1))
+            .await
+            .is_none(),
+        "a message left in the queue after the consumer acked"
+    );
+
+    drop(consumer);
+    drop(gw);
+    broker.clean_up().await;
+    db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_issues_no_second_ticket(
+) {
+    let Some(url) = broker_url() else { return };
+    let Some(pg) = postgres_url() else { return };
+    let db = TestDb::create(&pg).await;
+    let mut broker = Broker::connect(&url).await;
+    let exchange = format!("hooklatch-e2e-x-{}", unique("crash"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("crash"));
+    broker.owns(&exchange, &queue);
+    let (_handler, gw) = gateway_for_tickets(&url, &exchange, &queue).await;
+
+    let event = unique("evt");
+    let body = stripe_invoice_paid(&event, 4200);
+    let (status, json) = gw
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!(status, 200, "{json}");
+    let key = format!("stripe:{event}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+
+    // The work commits, then the process exits before the ack.
+    let mut crashing = Consumer::start(&url, &queue, &db.url(), true).await;
+    let status = crashing.wait_exit().await;
+    assert_eq!(status.code(), Some(3), "{}", crashing.output());
+    wait_until("the crashed consumer's stdout is read", || {
+        !crashing.lines().is_empty()
+    })
+    .await;
+    assert_eq!(
+        crashing.lines(),
+        vec![format!("new {key}")],
+        "{}",
+        crashing.output()
+    );
+    assert_eq!(
+        db.tickets().await,
+        1,
+        "the ticket committed before the crash"
+    );
+
+    // The broker redelivers the unacked message; the guard finds the key: acked, no ticket.
+    let mut consumer = Consumer::start(&url, &queue, &db.url(), false).await;
+    consumer
+        .wait_for_line("the redelivered message handled", |_| true)
+        .await;
+    consumer.stop();
+    assert_eq!(
+        consumer.lines(),
+        vec![format!("duplicate {key} redelivered")],
+        "{}",
+        consumer.output()
+    );
+    assert_eq!(db.tickets().await, 1, "still exactly one ticket");
+    assert_eq!(
+        db.ticket_rows().await,
+        vec![(ORDER_ID.to_owned(), key.clone())]
+    );
+    assert!(
+        broker
+            .get_within(&queue, Duration::from_secs(1))
+            .await
+            .is_none(),
+        "the redelivered duplicate was not acked"
+    );
+
+    drop(consumer);
+    drop(gw);
+    broker.clean_up().await;
+    db.drop_now().await;
 }
