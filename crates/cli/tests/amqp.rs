@@ -18,6 +18,9 @@
 #[path = "it/support.rs"]
 mod support;
 
+#[path = "common/example_bin.rs"]
+mod example_bin;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -448,40 +451,7 @@ impl TestDb {
 /// profile (found from the `hooklatch` binary's path), like the replay tests' credit service.
 fn ticket_consumer_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let hooklatch = Path::new(env!("CARGO_BIN_EXE_hooklatch"));
-        let profile_dir = hooklatch.parent().expect("the binary's directory");
-        let target_dir = profile_dir.parent().expect("the target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .args([
-                "build",
-                "--quiet",
-                "-p",
-                "hooklatch-example-ticket-consumer",
-            ])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .arg("--target-dir")
-            .arg(target_dir)
-            .arg("--profile")
-            .arg(&profile)
-            .status()
-            .expect("running cargo build for the ticket consumer");
-        assert!(status.success(), "building the ticket consumer failed");
-        let bin = profile_dir.join(format!("ticket-consumer{}", std::env::consts::EXE_SUFFIX));
-        assert!(
-            bin.exists(),
-            "no ticket-consumer binary at {}",
-            bin.display()
-        );
-        bin
-    })
+    BIN.get_or_init(|| example_bin::build("hooklatch-example-ticket-consumer", "ticket-consumer"))
 }
 
 /// A running `ticket-consumer`; its stdout lines are collected as they come. Killed on drop.

@@ -10,6 +10,9 @@
 
 #![allow(dead_code)]
 
+#[path = "../common/example_bin.rs"]
+mod example_bin;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -235,36 +238,7 @@ impl Drop for Gateway {
 /// Builds the credit-service binary once; its path.
 pub fn credit_service_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        // target/<profile>/hooklatch → target dir and profile of this test run.
-        let hooklatch = Path::new(env!("CARGO_BIN_EXE_hooklatch"));
-        let profile_dir = hooklatch.parent().expect("the binary's directory");
-        let target_dir = profile_dir.parent().expect("the target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-        };
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "hooklatch-example-credit-service"])
-            .arg("--manifest-path")
-            .arg(&manifest)
-            .arg("--target-dir")
-            .arg(target_dir)
-            .arg("--profile")
-            .arg(&profile)
-            .status()
-            .expect("running cargo build for the credit service");
-        assert!(status.success(), "building the credit service failed");
-        let bin = profile_dir.join(format!("credit-service{}", std::env::consts::EXE_SUFFIX));
-        assert!(
-            bin.exists(),
-            "no credit-service binary at {}",
-            bin.display()
-        );
-        bin
-    })
+    BIN.get_or_init(|| example_bin::build("hooklatch-example-credit-service", "credit-service"))
 }
 
 /// A running credit service.
