@@ -122,6 +122,22 @@ pub struct Ingest {
     pub destinations: Vec<String>,
     /// How long the claims are kept.
     pub retention: Duration,
+    /// Who decides whether each event is new: the store's claims (the default) or an external
+    /// key store that already did.
+    pub keys: KeyDecision,
+}
+
+/// Who decides whether each event of an [`Ingest`] is new.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KeyDecision {
+    /// The store claims each key in the ingest transaction (SQL mode, the default).
+    #[default]
+    Store,
+    /// An external key store (Redis mode) already decided, one entry per event in order. The
+    /// store records the request, queues the events marked [`Claim::New`] (whose `deliveries`
+    /// it fills in; what the caller put there is ignored), records the others as given, and
+    /// writes no claim of its own.
+    Decided(Vec<Claim>),
 }
 
 /// The outcome of claiming one key.

@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 
 use hooklatch_core::store::{
-    Claim, Ingest, IngestOutcome, NewEvent, Rejected, RequestRecord, Verdict,
+    Claim, Ingest, IngestOutcome, KeyDecision, NewEvent, Rejected, RequestRecord, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, Row};
@@ -70,7 +70,14 @@ pub(crate) async fn ingest(
     order.sort_by_key(|&i| ingest.events[i].key.as_str());
     let mut claimed: Vec<Option<Claimed>> = vec![None; ingest.events.len()];
     for i in order {
-        claimed[i] = Some(claim(conn, ingest, &ingest.events[i], request_id).await?);
+        claimed[i] = Some(match &ingest.keys {
+            // An external key store decided; an event it said nothing about is claimed here.
+            KeyDecision::Decided(decided) if i < decided.len() => match &decided[i] {
+                Claim::New { .. } => Claimed::Ours,
+                earlier => Claimed::Earlier(earlier.clone()),
+            },
+            _ => claim(conn, ingest, &ingest.events[i], request_id).await?,
+        });
     }
     let mut claims = Vec::with_capacity(ingest.events.len());
     for (event, claimed) in ingest.events.iter().zip(claimed) {

@@ -4,14 +4,15 @@
 //! primary key that only overwrites an expired claim; if it changed nothing, the key is held
 //! and the stored body hash says duplicate or conflict.
 
-use hooklatch_core::store::{Claim, Ingest, IngestOutcome, Rejected, RequestRecord, Verdict};
+use hooklatch_core::store::{
+    Claim, Ingest, IngestOutcome, KeyDecision, NewEvent, Rejected, RequestRecord, Verdict,
+};
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection};
 
 use hooklatch_core::headers;
 
 pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<IngestOutcome> {
-    let now = ingest.request.received_at;
     let keys: Vec<&str> = ingest.events.iter().map(|e| e.key.as_str()).collect();
     let keys_json = serde_json::to_string(&keys).expect("a list of strings serializes");
     let request_id = insert_request(
@@ -22,72 +23,22 @@ pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<Ing
         200,
         &keys_json,
     )?;
-    let source = ingest.source.as_str();
-    let expires_at = now.plus(ingest.retention);
     let mut claims = Vec::with_capacity(ingest.events.len());
-    for event in &ingest.events {
-        conn.execute(
+    for (i, event) in ingest.events.iter().enumerate() {
+        conn.prepare_cached(
             "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
-            params![event.key.as_str(), request_id.0],
-        )?;
-        let inserted = conn.execute(
-            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
-             ON CONFLICT (source, key) DO UPDATE SET
-                body_sha256 = excluded.body_sha256, request_id = excluded.request_id,
-                claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
-             WHERE claims.expires_at <= excluded.claimed_at",
-            params![
-                source,
-                event.key.as_str(),
-                &ingest.body_sha256[..],
-                request_id.0,
-                now.0,
-                expires_at.0
-            ],
-        )?;
-        let claim = if inserted == 1 {
-            let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
-            let mut deliveries = Vec::with_capacity(ingest.destinations.len());
-            for destination in &ingest.destinations {
-                conn.execute(
-                    "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
-                        idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7, ?7)",
-                    params![
-                        request_id.0,
-                        source,
-                        event.key.as_str(),
-                        event.event_type,
-                        destination,
-                        idempotency_key.as_str(),
-                        now.0
-                    ],
-                )?;
-                deliveries.push(DeliveryId(conn.last_insert_rowid()));
-            }
-            Claim::New { deliveries }
-        } else {
-            let (sha, first_request, first_seen): (Vec<u8>, i64, i64) = conn.query_row(
-                "SELECT body_sha256, request_id, claimed_at FROM claims WHERE source = ?1 AND key = ?2",
-                params![source, event.key.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )?;
-            if sha.as_slice() == ingest.body_sha256.as_slice() {
-                Claim::Duplicate {
-                    first_request: RequestId(first_request),
-                    first_seen: Timestamp(first_seen),
-                }
-            } else {
-                let mut first_body_sha256 = [0u8; 32];
-                if sha.len() == 32 {
-                    first_body_sha256.copy_from_slice(&sha);
-                }
-                Claim::Conflict {
-                    first_request: RequestId(first_request),
-                    first_body_sha256,
-                }
-            }
+        )?
+        .execute(params![event.key.as_str(), request_id.0])?;
+        let claim = match &ingest.keys {
+            // An external key store decided; an event it said nothing about is claimed here.
+            KeyDecision::Decided(decided) if i < decided.len() => decided[i].clone(),
+            _ => claim(conn, ingest, event, request_id)?,
+        };
+        let claim = match claim {
+            Claim::New { .. } => Claim::New {
+                deliveries: queue(conn, ingest, event, request_id)?,
+            },
+            other => other,
         };
         claims.push((event.key.clone(), claim));
     }
@@ -100,6 +51,92 @@ pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<Ing
         )?;
     }
     Ok(outcome)
+}
+
+/// Claims one key: an insert on the `(source, key)` primary key that only overwrites an
+/// expired claim. `Claim::New` comes back with no deliveries yet (the caller queues them).
+fn claim(
+    conn: &Connection,
+    ingest: &Ingest,
+    event: &NewEvent,
+    request_id: RequestId,
+) -> rusqlite::Result<Claim> {
+    let now = ingest.request.received_at;
+    let source = ingest.source.as_str();
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (source, key) DO UPDATE SET
+                body_sha256 = excluded.body_sha256, request_id = excluded.request_id,
+                claimed_at = excluded.claimed_at, expires_at = excluded.expires_at
+             WHERE claims.expires_at <= excluded.claimed_at",
+        )?
+        .execute(params![
+            source,
+            event.key.as_str(),
+            &ingest.body_sha256[..],
+            request_id.0,
+            now.0,
+            now.plus(ingest.retention).0
+        ])?;
+    if inserted == 1 {
+        return Ok(Claim::New {
+            deliveries: Vec::new(),
+        });
+    }
+    let (sha, first_request, first_seen): (Vec<u8>, i64, i64) = conn
+        .prepare_cached(
+            "SELECT body_sha256, request_id, claimed_at FROM claims WHERE source = ?1 AND key = ?2",
+        )?
+        .query_row(params![source, event.key.as_str()], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })?;
+    Ok(if sha.as_slice() == ingest.body_sha256.as_slice() {
+        Claim::Duplicate {
+            first_request: RequestId(first_request),
+            first_seen: Timestamp(first_seen),
+        }
+    } else {
+        let mut first_body_sha256 = [0u8; 32];
+        if sha.len() == 32 {
+            first_body_sha256.copy_from_slice(&sha);
+        }
+        Claim::Conflict {
+            first_request: RequestId(first_request),
+            first_body_sha256,
+        }
+    })
+}
+
+/// Queues one new event: a pending outbox row per destination.
+fn queue(
+    conn: &Connection,
+    ingest: &Ingest,
+    event: &NewEvent,
+    request_id: RequestId,
+) -> rusqlite::Result<Vec<DeliveryId>> {
+    let now = ingest.request.received_at;
+    let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+            idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7, ?7)",
+    )?;
+    let mut deliveries = Vec::with_capacity(ingest.destinations.len());
+    for destination in &ingest.destinations {
+        insert.execute(params![
+            request_id.0,
+            ingest.source.as_str(),
+            event.key.as_str(),
+            event.event_type,
+            destination,
+            idempotency_key.as_str(),
+            now.0
+        ])?;
+        deliveries.push(DeliveryId(conn.last_insert_rowid()));
+    }
+    Ok(deliveries)
 }
 
 pub(crate) fn record_rejection(

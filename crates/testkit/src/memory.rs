@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use hooklatch_core::store::{
     verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail, DeliveryFilter,
-    DeliveryState, Ingest, IngestOutcome, LeasedDelivery, Purged, Redelivery, Redrive, Rejected,
-    RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats, Verdict,
+    DeliveryState, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent, Purged,
+    Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
+    StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -117,73 +118,109 @@ impl State {
         RequestId(id)
     }
 
+    /// Claims one key unless a live claim holds it.
+    fn claim(
+        &mut self,
+        ingest: &Ingest,
+        event: &NewEvent,
+        request_id: RequestId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Claim {
+        let claim_key = (
+            ingest.source.as_str().to_owned(),
+            event.key.as_str().to_owned(),
+        );
+        let held = self
+            .claims
+            .get(&claim_key)
+            // A claim expired at or before now is as good as absent.
+            .filter(|claim| claim.expires_at > now);
+        match held {
+            Some(held) if held.body_sha256 == ingest.body_sha256 => Claim::Duplicate {
+                first_request: held.request_id,
+                first_seen: held.claimed_at,
+            },
+            Some(held) => Claim::Conflict {
+                first_request: held.request_id,
+                first_body_sha256: held.body_sha256,
+            },
+            None => {
+                self.claims.insert(
+                    claim_key,
+                    StoredClaim {
+                        body_sha256: ingest.body_sha256,
+                        request_id,
+                        claimed_at: now,
+                        expires_at,
+                    },
+                );
+                Claim::New {
+                    deliveries: self.queue(ingest, event, request_id, now),
+                }
+            }
+        }
+    }
+
+    /// Queues one new event: a pending delivery per destination.
+    fn queue(
+        &mut self,
+        ingest: &Ingest,
+        event: &NewEvent,
+        request_id: RequestId,
+        now: Timestamp,
+    ) -> Vec<DeliveryId> {
+        let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
+        let mut deliveries = Vec::with_capacity(ingest.destinations.len());
+        for destination in &ingest.destinations {
+            self.last_delivery_id += 1;
+            self.deliveries.insert(
+                self.last_delivery_id,
+                StoredDelivery {
+                    request_id,
+                    source: ingest.source.as_str().to_owned(),
+                    event_key: event.key.as_str().to_owned(),
+                    event_type: event.event_type.clone(),
+                    destination: destination.clone(),
+                    idempotency_key: idempotency_key.as_str().to_owned(),
+                    state: DeliveryState::Pending,
+                    attempts: 0,
+                    round_started_at: now,
+                    next_attempt_at: now,
+                    lease: None,
+                    last_error: None,
+                    history: Vec::new(),
+                },
+            );
+            deliveries.push(DeliveryId(self.last_delivery_id));
+        }
+        deliveries
+    }
+
     fn ingest(&mut self, ingest: Ingest) -> IngestOutcome {
         let now = ingest.request.received_at;
         let expires_at = now.plus(ingest.retention);
-        let source = ingest.source.as_str().to_owned();
         let keys = ingest
             .events
             .iter()
             .map(|e| e.key.as_str().to_owned())
             .collect();
         // Accepted for now; corrected below once every claim is known, as SQLite does.
-        let request_id = self.insert_request(ingest.request, Verdict::Accepted, None, 200, keys);
+        let request_id =
+            self.insert_request(ingest.request.clone(), Verdict::Accepted, None, 200, keys);
         let mut claims = Vec::with_capacity(ingest.events.len());
-        for event in &ingest.events {
-            let claim_key = (source.clone(), event.key.as_str().to_owned());
-            let held = self
-                .claims
-                .get(&claim_key)
-                // A claim expired at or before now is as good as absent.
-                .filter(|claim| claim.expires_at > now);
-            let claim = match held {
-                Some(held) if held.body_sha256 == ingest.body_sha256 => Claim::Duplicate {
-                    first_request: held.request_id,
-                    first_seen: held.claimed_at,
+        for (i, event) in ingest.events.iter().enumerate() {
+            let decided = match &ingest.keys {
+                KeyDecision::Decided(decided) => decided.get(i).cloned(),
+                KeyDecision::Store => None,
+            };
+            let claim = match decided {
+                // An external key store decided: no claim of our own.
+                Some(Claim::New { .. }) => Claim::New {
+                    deliveries: self.queue(&ingest, event, request_id, now),
                 },
-                Some(held) => Claim::Conflict {
-                    first_request: held.request_id,
-                    first_body_sha256: held.body_sha256,
-                },
-                None => {
-                    self.claims.insert(
-                        claim_key,
-                        StoredClaim {
-                            body_sha256: ingest.body_sha256,
-                            request_id,
-                            claimed_at: now,
-                            expires_at,
-                        },
-                    );
-                    let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
-                    let deliveries = ingest
-                        .destinations
-                        .iter()
-                        .map(|destination| {
-                            self.last_delivery_id += 1;
-                            self.deliveries.insert(
-                                self.last_delivery_id,
-                                StoredDelivery {
-                                    request_id,
-                                    source: source.clone(),
-                                    event_key: event.key.as_str().to_owned(),
-                                    event_type: event.event_type.clone(),
-                                    destination: destination.clone(),
-                                    idempotency_key: idempotency_key.as_str().to_owned(),
-                                    state: DeliveryState::Pending,
-                                    attempts: 0,
-                                    round_started_at: now,
-                                    next_attempt_at: now,
-                                    lease: None,
-                                    last_error: None,
-                                    history: Vec::new(),
-                                },
-                            );
-                            DeliveryId(self.last_delivery_id)
-                        })
-                        .collect();
-                    Claim::New { deliveries }
-                }
+                Some(earlier) => earlier,
+                None => self.claim(&ingest, event, request_id, now, expires_at),
             };
             claims.push((event.key.clone(), claim));
         }

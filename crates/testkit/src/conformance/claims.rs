@@ -8,7 +8,7 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 
 use hooklatch_core::store::{DeliveryState, StoreStats, Verdict};
-use hooklatch_core::{Claim, RequestId, Store};
+use hooklatch_core::{Claim, KeyDecision, RequestId, Store};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
@@ -491,4 +491,74 @@ pub async fn a_claim_is_kept_for_its_retention_then_replaced<S: Store>(store: S)
         "a claim has expired at the end of its retention, got {:?}",
         at_end.claims[0].1
     );
+}
+
+/// When an external key store (Redis mode) has already decided, the store follows it: the
+/// events it calls new are queued, the others are recorded as it said, and no claim row is
+/// written — the same key can still be claimed by the store itself afterwards.
+pub async fn an_external_decision_is_followed_and_writes_no_claim<S: Store>(store: S) {
+    let earlier = RequestId(4242);
+    let mut decided = ingest(SOURCE, &["evt_1", "evt_2", "evt_3"], BODY, T0);
+    decided.keys = KeyDecision::Decided(vec![
+        Claim::New {
+            deliveries: Vec::new(),
+        },
+        Claim::Duplicate {
+            first_request: earlier,
+            first_seen: at(-5),
+        },
+        Claim::Conflict {
+            first_request: earlier,
+            first_body_sha256: sha256(OTHER_BODY),
+        },
+    ]);
+    let outcome = ingest_ok(&store, decided).await;
+    assert_eq!(outcome.verdict(), Verdict::Accepted);
+    let Claim::New { deliveries } = &outcome.claims[0].1 else {
+        panic!("evt_1 was decided new: {:?}", outcome.claims[0]);
+    };
+    assert_eq!(
+        deliveries.len(),
+        DESTINATIONS.len(),
+        "the new event is queued"
+    );
+    assert_eq!(
+        outcome.claims[1].1,
+        Claim::Duplicate {
+            first_request: earlier,
+            first_seen: at(-5)
+        }
+    );
+    assert!(
+        matches!(outcome.claims[2].1, Claim::Conflict { first_request, .. } if first_request == earlier)
+    );
+    let rows = all_deliveries(&store).await;
+    assert_eq!(
+        rows.len(),
+        DESTINATIONS.len(),
+        "only the new event is queued"
+    );
+    assert!(rows
+        .iter()
+        .all(|d| d.idempotency_key == idempotency_key(SOURCE, "evt_1")));
+    assert_eq!(
+        store.stats().await.expect("stats").claims,
+        0,
+        "an external decision writes no claim"
+    );
+
+    // Decided as duplicates only: recorded as a duplicate, nothing queued.
+    let mut again = ingest(SOURCE, &["evt_1"], BODY, at(1));
+    again.keys = KeyDecision::Decided(vec![Claim::Duplicate {
+        first_request: outcome.request_id,
+        first_seen: T0,
+    }]);
+    let again = ingest_ok(&store, again).await;
+    assert_eq!(again.verdict(), Verdict::Duplicate);
+    assert_eq!(all_deliveries(&store).await.len(), DESTINATIONS.len());
+
+    // The store's own claim on the same key is still free.
+    let own = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, at(2))).await;
+    assert_eq!(own.verdict(), Verdict::Accepted);
+    assert_eq!(store.stats().await.expect("stats").claims, 1);
 }

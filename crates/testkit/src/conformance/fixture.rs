@@ -11,7 +11,7 @@ use hooklatch_core::store::{
     AttemptNext, AttemptResult, DeliveryDetail, DeliveryFilter, Header, Ingest, IngestOutcome,
     NewEvent, Rejected, RequestFilter, RequestRecord, RequestSummary,
 };
-use hooklatch_core::{Claim, DeliveryId, EventKey, SourceName, Store, Timestamp};
+use hooklatch_core::{Claim, DeliveryId, EventKey, KeyDecision, SourceName, Store, Timestamp};
 use sha2::{Digest, Sha256};
 
 /// The time every case counts from (2023-11-14T22:13:20Z).
@@ -78,6 +78,7 @@ pub fn ingest(source: &str, keys: &[&str], body: &[u8], received_at: Timestamp) 
             .collect(),
         destinations: DESTINATIONS.iter().map(|d| (*d).to_owned()).collect(),
         retention: RETENTION,
+        keys: KeyDecision::Store,
     }
 }
 
