@@ -21,6 +21,7 @@
 
 pub mod headers;
 pub mod id;
+pub mod keys;
 pub mod provider;
 pub mod retry;
 pub mod secret;
@@ -28,8 +29,9 @@ pub mod store;
 pub mod time;
 
 pub use id::{DeliveryId, EventKey, IdempotencyKey, NameError, RequestId, SourceName};
+pub use keys::{KeyStore, KeyStoreError};
 pub use provider::{ExtractedEvent, InboundRequest, ProviderAdapter, ProviderReply, Rejection};
 pub use retry::RetryPolicy;
 pub use secret::Secret;
-pub use store::{Claim, Store, StoreError};
+pub use store::{Claim, KeyDecision, Store, StoreError};
 pub use time::Timestamp;

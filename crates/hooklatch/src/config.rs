@@ -93,6 +93,29 @@ pub struct StoreSettings {
     pub history_retention: Duration,
     /// How often the purge runs.
     pub purge_interval: Duration,
+    /// An external key store (Redis mode); `None` keeps keys in the store.
+    pub keys: Option<KeySettings>,
+}
+
+/// Redis mode: where the keys live and how long an in-flight claim is held.
+#[derive(Clone)]
+pub struct KeySettings {
+    /// `redis://…` (may hold a password: never printed).
+    pub url: String,
+    /// Prefix of every key.
+    pub prefix: String,
+    /// The in-flight lease.
+    pub lease: Duration,
+}
+
+impl std::fmt::Debug for KeySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeySettings")
+            .field("url", &hooklatch_keys_redis::describe_url(&self.url))
+            .field("prefix", &self.prefix)
+            .field("lease", &self.lease)
+            .finish()
+    }
 }
 
 /// Delivery worker settings.
@@ -202,6 +225,9 @@ struct RawStore {
     url: String,
     history_retention: Value,
     purge_interval: Value,
+    keys: String,
+    key_prefix: String,
+    key_lease: Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -504,6 +530,7 @@ fn resolve(
         backend: parse_store_url("store.url", &raw.store.url)?,
         history_retention: duration("store.history_retention", &raw.store.history_retention)?,
         purge_interval: positive("store.purge_interval", &raw.store.purge_interval)?,
+        keys: key_settings(&raw.store)?,
     };
 
     let d = &raw.delivery;
@@ -832,6 +859,41 @@ fn build_adapter(
 fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
     s.parse()
         .map_err(|_| err(key, format!("{s:?} is not an address like 127.0.0.1:8080")))
+}
+
+/// `[store] keys`: empty for SQL mode, else a redis:// URL (checked here, connected at start).
+fn key_settings(raw: &RawStore) -> Result<Option<KeySettings>, ConfigError> {
+    let url = raw.keys.trim();
+    if url.is_empty() {
+        return Ok(None);
+    }
+    let shown = hooklatch_keys_redis::describe_url(url);
+    if url.starts_with("rediss://") {
+        return Err(err(
+            "store.keys",
+            format!(
+                "{shown}: TLS to Redis is not supported in this build; use redis:// on a \
+                 private network or a local TLS-terminating proxy"
+            ),
+        ));
+    }
+    if !url.starts_with("redis://") {
+        return Err(err(
+            "store.keys",
+            format!("{shown}: expected \"\" (keys in the store) or a redis:// URL"),
+        ));
+    }
+    if raw.key_prefix.is_empty() {
+        return Err(err(
+            "store.key_prefix",
+            "must not be empty: hooklatch's keys need a namespace of their own",
+        ));
+    }
+    Ok(Some(KeySettings {
+        url: url.to_owned(),
+        prefix: raw.key_prefix.clone(),
+        lease: positive("store.key_lease", &raw.key_lease)?,
+    }))
 }
 
 fn parse_store_url(key: &str, url: &str) -> Result<StoreBackend, ConfigError> {
@@ -1296,5 +1358,53 @@ tolerance = "30s"
             "{msg}"
         );
         assert!(!msg.contains("pa55word"), "{msg}");
+    }
+
+    #[test]
+    fn redis_keys_are_off_by_default_and_checked_when_on() {
+        let with_secret = [("STRIPE_WEBHOOK_SECRET", "whsec_x")];
+        let e = env(&[TOKEN, with_secret[0]]);
+        assert!(load_str(EXAMPLE, &e).unwrap().store.keys.is_none());
+
+        let mut on = e.clone();
+        on.extend(env(&[
+            (
+                "HOOKLATCH_STORE__KEYS",
+                "redis://:pa55word@127.0.0.1:6379/3",
+            ),
+            ("HOOKLATCH_STORE__KEY_LEASE", "5s"),
+        ]));
+        let keys = load_str(EXAMPLE, &on).unwrap().store.keys.unwrap();
+        assert_eq!(keys.prefix, "hooklatch:");
+        assert_eq!(keys.lease, Duration::from_secs(5));
+        let shown = format!("{keys:?}");
+        assert!(
+            shown.contains("redis://127.0.0.1:6379") && !shown.contains("pa55word"),
+            "{shown}"
+        );
+
+        for (url, expect) in [
+            (
+                "rediss://:pa55word@cache:6380",
+                "TLS to Redis is not supported",
+            ),
+            (
+                "memcached://:pa55word@cache",
+                "expected \"\" (keys in the store) or a redis:// URL",
+            ),
+        ] {
+            let toml = EXAMPLE.replace("[store]\n", &format!("[store]\nkeys = \"{url}\"\n"));
+            check_err(&toml, &with_secret, expect);
+            let mut e = env(&[TOKEN]);
+            e.extend(env(&with_secret));
+            let msg = load_str(&toml, &e).unwrap_err().to_string();
+            assert!(msg.starts_with("store.keys"), "{msg}");
+            assert!(!msg.contains("pa55word"), "{msg}");
+        }
+        let toml = EXAMPLE.replace(
+            "[store]\n",
+            "[store]\nkeys = \"redis://127.0.0.1\"\nkey_prefix = \"\"\n",
+        );
+        check_err(&toml, &with_secret, "store.key_prefix: must not be empty");
     }
 }

@@ -141,6 +141,32 @@ fn metrics_handle() -> PrometheusHandle {
         .clone()
 }
 
+/// Connects the external key store (Redis mode), if one is configured, and warns about every
+/// server setting under which it could forget keys.
+async fn open_keys(
+    settings: &config::StoreSettings,
+) -> anyhow::Result<Option<hooklatch_http::ExternalKeys>> {
+    let Some(keys) = &settings.keys else {
+        return Ok(None);
+    };
+    let redis = hooklatch_keys_redis::RedisKeys::connect(&keys.url, &keys.prefix)
+        .await
+        .context("opening the key store ([store] keys)")?;
+    for warning in redis.check().await {
+        tracing::warn!("key store: {warning}");
+    }
+    tracing::info!(
+        keys = %hooklatch_keys_redis::describe_url(&keys.url),
+        prefix = %keys.prefix,
+        lease = ?keys.lease,
+        "idempotency keys live in Redis"
+    );
+    Ok(Some(hooklatch_http::ExternalKeys {
+        store: Arc::new(redis),
+        lease: keys.lease,
+    }))
+}
+
 /// Runs the gateway until `cancel` fires, then shuts down gracefully.
 pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
     log_effective_config(&settings);
@@ -148,6 +174,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     let enqueued = Arc::new(Notify::new());
     let opened = open_store(&settings.store, enqueued.clone()).await?;
     let store = opened.store.clone();
+    let keys = open_keys(&settings.store).await?;
     let ingest_listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding server.listen {}", settings.listen))?;
@@ -169,6 +196,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         body_limit: settings.body_limit,
         body_timeout: settings.body_timeout,
         enqueued: enqueued.clone(),
+        keys: keys.clone(),
     }));
     let render = metrics.clone();
     let admin = hooklatch_http::admin_router(Arc::new(AdminState {
@@ -182,6 +210,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             .iter()
             .map(|s| (s.name.to_string(), s.destinations.clone()))
             .collect(),
+        keys: keys.map(|k| k.store),
     }));
 
     let destinations: HashMap<_, _> = settings

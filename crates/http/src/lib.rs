@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hooklatch_core::{ProviderAdapter, Secret, SourceName, Store};
+use hooklatch_core::{KeyStore, ProviderAdapter, Secret, SourceName, Store};
 use tokio::sync::Notify;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnRequest, DefaultOnResponse, TraceLayer};
@@ -59,6 +59,18 @@ pub struct IngestState {
     pub body_timeout: Duration,
     /// Woken after new deliveries are queued, so idle workers start at once.
     pub enqueued: Arc<Notify>,
+    /// An external key store (Redis mode); `None` claims keys in the store (SQL mode).
+    pub keys: Option<ExternalKeys>,
+}
+
+/// An external key store and the in-flight lease its claims hold.
+#[derive(Clone)]
+pub struct ExternalKeys {
+    /// Where the keys live.
+    pub store: Arc<dyn KeyStore>,
+    /// How long a claim is held while its request is being queued; a copy arriving meanwhile
+    /// gets 409 with `Retry-After`.
+    pub lease: Duration,
 }
 
 /// Renders the Prometheus text exposition.
@@ -78,6 +90,8 @@ pub struct AdminState {
     pub enqueued: Arc<Notify>,
     /// Each source's destinations, for redelivery.
     pub destinations: HashMap<String, Vec<String>>,
+    /// The external key store, if any: `/readyz` checks it too.
+    pub keys: Option<Arc<dyn KeyStore>>,
 }
 
 /// The public router: `POST /in/{source}`.

@@ -13,6 +13,7 @@ mod hygiene;
 mod postgres;
 mod providers;
 mod redeliver;
+mod redis;
 mod rejections;
 mod retries;
 mod seed;

@@ -26,17 +26,25 @@ pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
         )
             .into_response();
     }
-    match state.store.ping().await {
-        Ok(()) => Json(json!({ "status": "ready" })).into_response(),
-        Err(err) => {
-            tracing::warn!(%err, "readiness check: store failed");
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(json!({ "status": "not_ready", "reason": "store unavailable" })),
-            )
-                .into_response()
+    if let Err(err) = state.store.ping().await {
+        tracing::warn!(%err, "readiness check: store failed");
+        return not_ready("store unavailable");
+    }
+    if let Some(keys) = &state.keys {
+        if let Err(err) = keys.ping().await {
+            tracing::warn!(%err, "readiness check: key store failed");
+            return not_ready("key store unavailable");
         }
     }
+    Json(json!({ "status": "ready" })).into_response()
+}
+
+fn not_ready(reason: &str) -> Response {
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "status": "not_ready", "reason": reason })),
+    )
+        .into_response()
 }
 
 pub(crate) async fn metrics(State(state): State<Arc<AdminState>>) -> Response {

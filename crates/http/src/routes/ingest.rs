@@ -6,9 +6,10 @@
 //! runs off this task, so a provider hanging up (which drops this future) leaves both or
 //! neither.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
@@ -18,13 +19,18 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
+use hooklatch_core::keys::{DoneKey, KeyClaim, KeyState};
 use hooklatch_core::secret::sha256;
-use hooklatch_core::store::{Claim, Ingest, NewEvent, Rejected, RequestRecord, Verdict};
-use hooklatch_core::{InboundRequest, ProviderReply, Timestamp};
+use hooklatch_core::store::{
+    Claim, Ingest, IngestOutcome, KeyDecision, NewEvent, Rejected, RequestRecord, Verdict,
+};
+use hooklatch_core::{
+    EventKey, InboundRequest, KeyStoreError, ProviderReply, Store, StoreError, Timestamp,
+};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::json;
 
-use crate::{ApiError, IngestState, Source};
+use crate::{ApiError, ExternalKeys, IngestState, Source};
 
 pub(crate) fn router(state: Arc<IngestState>) -> Router {
     Router::new()
@@ -218,14 +224,55 @@ async fn accept(
             .collect(),
         destinations: source.destinations.clone(),
         retention: source.retention,
+        keys: KeyDecision::Store,
     };
-    let outcome = match state.store.ingest(ingest).await {
+    let result = match &state.keys {
+        None => state.store.ingest(ingest).await.map_err(Refused::Store),
+        // Claim, queue and mark done run in a task of their own: a provider hanging up must
+        // not stop them between the store's commit and marking the keys done.
+        Some(keys) => tokio::spawn(ingest_with_keys(state.store.clone(), keys.clone(), ingest))
+            .await
+            .unwrap_or_else(|err| {
+                Err(Refused::Store(StoreError::Unavailable(format!(
+                    "ingest task failed: {err}"
+                ))))
+            }),
+    };
+    let outcome = match result {
         Ok(outcome) => outcome,
-        Err(err) => {
+        Err(Refused::Store(err)) => {
             metrics::counter!("hooklatch_requests_total",
                 "source" => source.name.to_string(), "verdict" => "error")
             .increment(1);
             return ApiError::from(err).into_response();
+        }
+        Err(Refused::InFlight(lease_left, record)) => {
+            // A claim is usually finished within milliseconds: ask for a retry in a second.
+            // Should its holder have died, the claim lapses when its lease runs out.
+            let lapses = lease_left.as_secs_f64().ceil().max(1.0) as u64;
+            let err = ApiError::new(
+                StatusCode::CONFLICT,
+                "in_flight",
+                format!(
+                    "another copy of this event is being queued right now; retry shortly \
+                     (an abandoned claim lapses within {lapses} s)"
+                ),
+            );
+            let mut res = reject(state, *record, source.name.as_str(), err).await;
+            res.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            return res;
+        }
+        Err(Refused::KeyStore(err, record)) => {
+            tracing::error!(%err, "key store failed");
+            let err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "key_store_unavailable",
+                "the key store is unavailable; retry later",
+            );
+            return reject(state, *record, source.name.as_str(), err).await;
         }
     };
     let verdict = outcome.verdict();
@@ -287,6 +334,113 @@ async fn accept(
         })),
     )
         .into_response()
+}
+
+/// Why a verified request was not queued.
+enum Refused {
+    /// The store failed (503).
+    Store(StoreError),
+    /// Another copy holds a key in flight (409 with `Retry-After`); the request goes to history.
+    InFlight(Duration, Box<RequestRecord>),
+    /// The external key store failed (503); the request goes to history.
+    KeyStore(KeyStoreError, Box<RequestRecord>),
+}
+
+/// Redis mode: claims the keys in the key store, writes the request and the new events'
+/// deliveries to the store as the key store decided, then marks the claimed keys done for the
+/// source's retention (or gives them back if the store failed).
+async fn ingest_with_keys(
+    store: Arc<dyn Store>,
+    keys: ExternalKeys,
+    mut ingest: Ingest,
+) -> Result<IngestOutcome, Refused> {
+    // One claim per key, even if a request names an event twice.
+    let mut seen = HashSet::new();
+    ingest.events.retain(|e| seen.insert(e.key.clone()));
+    let event_keys: Vec<EventKey> = ingest.events.iter().map(|e| e.key.clone()).collect();
+    let (token, states) = match keys
+        .store
+        .claim(&ingest.source, &event_keys, keys.lease)
+        .await
+    {
+        Ok(KeyClaim::Decided { token, keys }) => (token, keys),
+        Ok(KeyClaim::InFlight { retry_after }) => {
+            return Err(Refused::InFlight(retry_after, Box::new(ingest.request)))
+        }
+        Err(err) => return Err(Refused::KeyStore(err, Box::new(ingest.request))),
+    };
+    let mut claimed = Vec::new();
+    let mut decided = Vec::with_capacity(states.len());
+    for (key, state) in event_keys.into_iter().zip(states) {
+        decided.push(match state {
+            KeyState::Claimed => {
+                claimed.push(key);
+                Claim::New {
+                    deliveries: Vec::new(),
+                }
+            }
+            KeyState::Done(done) if done.body_sha256 == ingest.body_sha256 => Claim::Duplicate {
+                first_request: done.first_request,
+                first_seen: done.first_seen,
+            },
+            KeyState::Done(done) => Claim::Conflict {
+                first_request: done.first_request,
+                first_body_sha256: done.body_sha256,
+            },
+        });
+    }
+    ingest.keys = KeyDecision::Decided(decided);
+    let source = ingest.source.clone();
+    let retention = ingest.retention;
+    let first_seen = ingest.request.received_at;
+    let body_sha256 = ingest.body_sha256;
+    let outcome = match store.ingest(ingest).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            if !claimed.is_empty() {
+                if let Err(release_err) = keys.store.release(&source, &claimed, &token).await {
+                    // The lease runs out by itself; until then copies get 409.
+                    tracing::warn!(err = %release_err, "could not give back claimed keys");
+                }
+            }
+            return Err(Refused::Store(err));
+        }
+    };
+    if !claimed.is_empty() {
+        let done = DoneKey {
+            first_request: outcome.request_id,
+            first_seen,
+            body_sha256,
+        };
+        match keys
+            .store
+            .complete(&source, &claimed, &token, done, retention)
+            .await
+        {
+            Ok(kept) if kept == claimed.len() => {}
+            Ok(kept) => {
+                metrics::counter!("hooklatch_key_leases_lost_total", "source" => source.to_string())
+                    .increment((claimed.len() - kept) as u64);
+                tracing::warn!(
+                    request = %outcome.request_id,
+                    lost = claimed.len() - kept,
+                    "a key's in-flight lease ran out before its request was queued; \
+                     a copy that arrived meanwhile may have been queued too (raise key_lease)"
+                );
+            }
+            Err(err) => {
+                metrics::counter!("hooklatch_key_leases_lost_total", "source" => source.to_string())
+                    .increment(claimed.len() as u64);
+                tracing::warn!(
+                    request = %outcome.request_id,
+                    %err,
+                    "queued, but the keys could not be marked done; a copy arriving after the \
+                     lease runs out would be queued again"
+                );
+            }
+        }
+    }
+    Ok(outcome)
 }
 
 /// Records a refused request in history (never a claim or a delivery) and answers.

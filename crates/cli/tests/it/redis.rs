@@ -1,0 +1,429 @@
+//! Redis mode (`[store] keys = "redis://…"`) with a real `hooklatch serve` and a real Redis:
+//!
+//! - 1,000 events × 32 concurrent copies → exactly one claim (one `accepted`, one forward) per
+//!   event; copies that arrive while the first is in flight get 409 `in_flight` with
+//!   `Retry-After` and are retried as a provider would; no copy is ever answered 2xx before
+//!   the first is queued;
+//! - an event held in flight by another instance → 409 with `Retry-After`, kept in history;
+//!   once the holder gives up, the next copy is accepted;
+//! - done keys carry the source's retention as their TTL and expire with it;
+//! - the start-up check warns about the server's persistence and eviction settings;
+//! - an unreachable Redis stops `serve` at start with a message that hides the password.
+//!
+//! Needs `HOOKLATCH_TEST_REDIS_URL`; each test writes under a key prefix of its own and
+//! deletes it afterwards.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::AsyncCommands;
+
+use crate::support::{
+    eventually_within, stripe_headers, stripe_invoice_paid, unique, wait_until_within, Behaviour,
+    Gateway, Handler, Ingest, Options,
+};
+
+/// Every final answer (status, `status` field) to each event's copies, by event id.
+type Answers = HashMap<String, Vec<(u16, String)>>;
+
+/// A key prefix of the test's own on the Redis `HOOKLATCH_TEST_REDIS_URL` points at.
+struct Keys {
+    url: String,
+    prefix: String,
+    conn: redis::aio::MultiplexedConnection,
+}
+
+impl Keys {
+    /// `None` (after printing why) when no server is configured outside CI.
+    async fn open() -> Option<Keys> {
+        let Ok(url) = std::env::var("HOOKLATCH_TEST_REDIS_URL") else {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "CI is set but HOOKLATCH_TEST_REDIS_URL is not: the Redis tests must run"
+            );
+            println!("skipped: set HOOKLATCH_TEST_REDIS_URL to run the Redis key store tests");
+            return None;
+        };
+        let client = redis::Client::open(url.as_str()).expect("HOOKLATCH_TEST_REDIS_URL parses");
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connecting to HOOKLATCH_TEST_REDIS_URL");
+        Some(Keys {
+            url,
+            prefix: format!("{}:", unique("hl_e2e")),
+            conn,
+        })
+    }
+
+    /// Gateway options keeping keys in this Redis under this prefix.
+    fn options(&self, extra_config: &str) -> Options {
+        Options {
+            extra_env: vec![
+                ("HOOKLATCH_STORE__KEYS".to_owned(), self.url.clone()),
+                (
+                    "HOOKLATCH_STORE__KEY_PREFIX".to_owned(),
+                    self.prefix.clone(),
+                ),
+            ],
+            extra_config: extra_config.to_owned(),
+            log_level: "info",
+            ..Options::default()
+        }
+    }
+
+    fn key(&self, source: &str, event: &str) -> String {
+        format!("{}{{{source}}}:{event}", self.prefix)
+    }
+
+    async fn get(&self, key: &str) -> Option<String> {
+        self.conn.clone().get(key).await.expect("GET")
+    }
+
+    async fn pttl(&self, key: &str) -> i64 {
+        self.conn.clone().pttl(key).await.expect("PTTL")
+    }
+
+    async fn all(&self) -> Vec<String> {
+        let mut conn = self.conn.clone();
+        let mut keys: Vec<String> = Vec::new();
+        let mut iter: redis::AsyncIter<'_, String> = conn
+            .scan_match(format!("{}*", self.prefix))
+            .await
+            .expect("SCAN");
+        while let Some(key) = iter.next_item().await {
+            keys.push(key.expect("a key name"));
+        }
+        keys
+    }
+
+    async fn clean_up(self) {
+        let keys = self.all().await;
+        let mut conn = self.conn.clone();
+        for chunk in keys.chunks(500) {
+            let _: redis::RedisResult<i64> = conn.del(chunk).await;
+        }
+    }
+}
+
+/// POSTs until a final answer comes: 409 (in flight) and 503 are retried as a provider
+/// would, each counted.
+async fn post_until_final(
+    ingest: &Ingest,
+    body: &[u8],
+    retried: &AtomicUsize,
+) -> Option<(u16, String)> {
+    for _ in 0..200 {
+        let headers = stripe_headers(body);
+        match ingest.try_post("stripe", &headers, body.to_vec()).await {
+            Ok((409 | 503, _)) => {
+                retried.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok((status, json)) => {
+                let verdict = json["status"].as_str().unwrap_or_default().to_owned();
+                return Some((status, verdict));
+            }
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, keys.options("")).await;
+    let ingest = gateway.ingest();
+
+    const IDS: usize = 1_000;
+    const COPIES: usize = 32;
+    let ids: Vec<String> = (0..IDS).map(|i| format!("evt_redis_{i:04}")).collect();
+    let answers: Arc<Mutex<Answers>> = Arc::default();
+    let retried = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut senders = Vec::new();
+    // 64 senders; each event's 32 copies go out together.
+    for _ in 0..64 {
+        let (ids, answers, retried, next, ingest) = (
+            ids.clone(),
+            answers.clone(),
+            retried.clone(),
+            next.clone(),
+            ingest.clone(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= IDS * COPIES {
+                    break;
+                }
+                let id = &ids[i / COPIES];
+                let body = stripe_invoice_paid(id, 5000);
+                let answer = post_until_final(&ingest, &body, &retried).await;
+                let answer = answer.unwrap_or((0, "no final answer".to_owned()));
+                answers
+                    .lock()
+                    .expect("answers lock")
+                    .entry(id.clone())
+                    .or_default()
+                    .push(answer);
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.expect("sender task");
+    }
+
+    let answers = answers.lock().expect("answers lock").clone();
+    for id in &ids {
+        let got = &answers[id];
+        assert_eq!(got.len(), COPIES, "{id}");
+        let accepted = got.iter().filter(|a| *a == &(200, "accepted".to_owned()));
+        let duplicates = got.iter().filter(|a| *a == &(200, "duplicate".to_owned()));
+        assert_eq!(
+            (accepted.count(), duplicates.count()),
+            (1, COPIES - 1),
+            "{id}: {got:?}"
+        );
+    }
+    wait_until_within("every event forwarded", Duration::from_secs(120), || {
+        handler.distinct_keys().len() == IDS
+    })
+    .await;
+    eventually_within(
+        "every outbox row delivered",
+        Duration::from_secs(60),
+        async || gateway.deliveries("state=pending").await.is_empty(),
+    )
+    .await;
+    let twice: Vec<_> = ids
+        .iter()
+        .filter(|id| handler.count_for(&format!("stripe:{id}")) != 1)
+        .collect();
+    assert!(twice.is_empty(), "forwarded other than once: {twice:?}");
+
+    // Every key is done, pointing at an accepted request, for the source's retention.
+    let stored = keys.all().await;
+    assert_eq!(stored.len(), IDS, "one Redis key per event");
+    let first = keys
+        .get(&keys.key("stripe", &ids[0]))
+        .await
+        .expect("the key is there");
+    assert!(first.starts_with("d:"), "done, not in flight: {first}");
+    let ttl = keys.pttl(&keys.key("stripe", &ids[0])).await;
+    let retention_ms = 35 * 86_400 * 1000;
+    assert!(
+        ttl > retention_ms - 600_000 && ttl <= retention_ms,
+        "TTL {ttl} ms ≈ Stripe's 35-day retention"
+    );
+    println!(
+        "redis mode: ids={IDS} copies={COPIES} forwards={} in_flight_or_503_retried={}",
+        handler.total(),
+        retried.load(Ordering::Relaxed)
+    );
+    keys.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_arriving_while_another_holds_the_key_gets_409_with_retry_after() {
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, keys.options("")).await;
+    let id = "evt_in_flight_1";
+    // Another instance claimed the key and is writing its request right now.
+    let held = keys.key("stripe", id);
+    let _: () = keys
+        .conn
+        .clone()
+        .set_ex(&held, "i:another-instance", 30)
+        .await
+        .expect("SET");
+
+    let body = stripe_invoice_paid(id, 5000);
+    let response = gateway
+        .ingest()
+        .send("stripe", &stripe_headers(&body), body.clone())
+        .await
+        .expect("POST");
+    assert_eq!(response.status().as_u16(), 409);
+    assert_eq!(
+        response.headers()["retry-after"].to_str().expect("ascii"),
+        "1"
+    );
+    let json: serde_json::Value = response.json().await.expect("a JSON body");
+    assert_eq!(json["code"], "in_flight", "{json}");
+    assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert_eq!(
+        keys.get(&held).await.as_deref(),
+        Some("i:another-instance"),
+        "the holder's claim is untouched"
+    );
+    let rejected = gateway.requests("verdict=rejected").await;
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0]["reason"], "in_flight");
+    assert_eq!(rejected[0]["status"], 409);
+    assert!(handler.received().is_empty(), "nothing queued");
+
+    // The holder gave up (its store failed and it released the key): the next copy is ours.
+    let _: i64 = keys.conn.clone().del(&held).await.expect("DEL");
+    let (status, json) = gateway
+        .ingest()
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("accepted")));
+    wait_until_within("forwarded once", Duration::from_secs(30), || {
+        handler.count_for(&format!("stripe:{id}")) == 1
+    })
+    .await;
+    let done = keys.get(&held).await.expect("the key is done");
+    assert!(
+        done.starts_with(&format!(
+            "d:{}:",
+            json["request_id"]
+                .as_str()
+                .and_then(|r| r.strip_prefix("req_"))
+                .expect("req_N")
+        )),
+        "the done key points at the accepted request: {done}"
+    );
+    keys.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_keys_expire_after_the_sources_retention() {
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let extra = r#"
+[[sources]]
+name = "short"
+provider = "stripe"
+secrets = ["env:E2E_STRIPE_SECRET"]
+destinations = ["app"]
+retention = "2s"
+"#;
+    let gateway = Gateway::start_with(&handler, keys.options(extra)).await;
+    let id = "evt_short_lived";
+    let body = stripe_invoice_paid(id, 5000);
+    let post = async || {
+        let (status, json) = gateway
+            .ingest()
+            .post("short", &stripe_headers(&body), body.clone())
+            .await;
+        (
+            status,
+            json["status"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    assert_eq!(post().await, (200, "accepted".to_owned()));
+    assert_eq!(post().await, (200, "duplicate".to_owned()));
+    let key = keys.key("short", id);
+    let ttl = keys.pttl(&key).await;
+    assert!(ttl > 0 && ttl <= 2_000, "TTL {ttl} ms = the 2 s retention");
+    eventually_within(
+        "the key expires with the retention",
+        Duration::from_secs(15),
+        async || keys.get(&key).await.is_none(),
+    )
+    .await;
+    assert_eq!(
+        post().await,
+        (200, "accepted".to_owned()),
+        "past the retention the event is new again"
+    );
+    wait_until_within("forwarded twice", Duration::from_secs(30), || {
+        handler.count_for(&format!("short:{id}")) == 2
+    })
+    .await;
+    keys.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_warns_about_settings_that_forget_keys() {
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, keys.options("")).await;
+    let config = async |name: &str| -> String {
+        let pair: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(&mut keys.conn.clone())
+            .await
+            .expect("CONFIG GET");
+        pair.get(1).cloned().unwrap_or_default()
+    };
+    let policy = config("maxmemory-policy").await;
+    let persistent = config("appendonly").await == "yes" || !config("save").await.is_empty();
+    let log = gateway.log();
+    assert!(
+        log.contains("idempotency keys live in Redis"),
+        "{}",
+        gateway.log_tail(20)
+    );
+    assert_eq!(
+        log.contains("persistence is off"),
+        !persistent,
+        "{}",
+        gateway.log_tail(20)
+    );
+    assert_eq!(
+        log.contains("maxmemory-policy is"),
+        policy != "noeviction",
+        "{}",
+        gateway.log_tail(20)
+    );
+    keys.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_stops_the_gateway_at_start_without_showing_its_password() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let port = crate::support::free_port();
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "a-token-long-enough-for-the-admin-api"
+
+[store]
+url = "sqlite://{db}"
+keys = "redis://:hunter2secret@127.0.0.1:{port}/0"
+"#,
+            db = dir.path().join("hooklatch.db").display()
+        ),
+    )
+    .expect("writing the config");
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "info")
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), child)
+        .await
+        .expect("serve gives up on an unreachable Redis instead of hanging")
+        .expect("running hooklatch serve");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(!output.status.success(), "{text}");
+    assert!(text.contains("key store"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(!text.contains("hunter2secret"), "{text}");
+}
