@@ -325,10 +325,9 @@ fn find_item<'a>(body: &'a Value, item_key: &str) -> Item<'a> {
         }
         // A status's key is `{id}:{status}`: the same outbound message reports each status.
         let is_status = items(value.get("statuses")).iter().any(|s| {
-            match (text_field(s, "id"), text_field(s, "status")) {
-                (Some(id), Some(state)) => item_key.strip_prefix(id) == Some(&format!(":{state}")),
-                _ => false,
-            }
+            let (id, state) = (text_field(s, "id"), text_field(s, "status"));
+            id.zip(state)
+                .is_some_and(|(id, state)| item_key == format!("{id}:{state}"))
         });
         if is_status {
             return Item::Status;
