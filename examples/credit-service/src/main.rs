@@ -15,34 +15,37 @@
 //! - `check-then-insert` first looks for an earlier credit, then does the work and writes. It
 //!   survives retries one after another, but two deliveries at once both find nothing and both
 //!   credit: the check and the insert are not one atomic step.
-//! - `guarded` claims the key in `processed_webhooks` (primary key, `ON CONFLICT DO NOTHING`) in
-//!   the same transaction as the credit: the database lets exactly one claim win, the losers see
-//!   "0 rows" and answer 200 without doing anything, and a crash rolls back both or neither.
+//! - `guarded` claims the key with [`hooklatch_guard::claim`] (a row in `hooklatch_processed`,
+//!   primary key, `ON CONFLICT DO NOTHING`) in the same transaction as the credit: the database
+//!   lets exactly one claim win, the others get [`Claim::AlreadyDone`] and answer 200 without
+//!   doing anything, and a crash rolls back both or neither.
 //!
 //! The key is the `Idempotency-Key` header when present (hooklatch sends one, the same on every
 //! attempt), else the event id. With `--secret whsec_…` (a hooklatch destination's secret) every
 //! request must carry hooklatch's Standard Webhooks signature (`webhook-id`,
-//! `webhook-timestamp`, `webhook-signature`).
+//! `webhook-timestamp`, `webhook-signature`), checked by the guard's [`VerifiedDelivery`]
+//! extractor, and the key is the verified `Idempotency-Key`.
 //!
 //! The first line on stdout is the address it listens on (`http://127.0.0.1:PORT`), so a
 //! script or a test can start it on port 0.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRef, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use hooklatch_core::provider::StandardWebhooks;
-use hooklatch_core::{InboundRequest, ProviderAdapter, Secret, Timestamp};
+use hooklatch_core::Secret;
+use hooklatch_guard::{claim, ensure_table, Claim, GuardConfig, VerifiedDelivery};
 use serde_json::{json, Value};
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 #[derive(Debug, clap::Parser)]
 #[command(
@@ -73,23 +76,51 @@ enum Mode {
     Naive,
     /// Look for an earlier credit, then credit: races under concurrency.
     CheckThenInsert,
-    /// Claim the key under a unique constraint in the credit's transaction.
+    /// Claim the key with hooklatch-guard in the credit's transaction.
     Guarded,
 }
 
-/// The application's database.
+/// The application's database, through sqlx either way.
 enum Db {
-    /// A SQLite file: one connection per request, like a pool would give.
-    Sqlite(PathBuf),
-    /// PostgreSQL through a pool.
-    Postgres(sqlx::PgPool),
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to whichever pool `$db` holds. The statements are the same
+/// text on both (SQLite accepts `$1` too); expanding the body per pool type keeps each copy
+/// concrete, instead of spelling out sqlx's generic bounds.
+macro_rules! with_pool {
+    ($db:expr, $pool:ident => $body:expr) => {
+        match $db {
+            Db::Sqlite($pool) => $body,
+            Db::Postgres($pool) => $body,
+        }
+    };
 }
 
 struct App {
     db: Db,
     mode: Mode,
-    secret: Option<Secret>,
     work: Duration,
+}
+
+/// The state of the signed route: the app, and the secret the extractor verifies with.
+#[derive(Clone)]
+struct Signed {
+    app: Arc<App>,
+    guard: GuardConfig,
+}
+
+impl FromRef<Signed> for GuardConfig {
+    fn from_ref(state: &Signed) -> GuardConfig {
+        state.guard.clone()
+    }
+}
+
+impl FromRef<Signed> for Arc<App> {
+    fn from_ref(state: &Signed) -> Arc<App> {
+        state.app.clone()
+    }
 }
 
 /// One paid invoice, as the handler needs it.
@@ -99,6 +130,8 @@ struct Credit {
     amount: i64,
 }
 
+const INSERT_CREDIT: &str = "INSERT INTO credits (event_id, amount) VALUES ($1, $2)";
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = <Args as clap::Parser>::parse();
@@ -106,13 +139,23 @@ async fn main() -> anyhow::Result<()> {
     let app = Arc::new(App {
         db,
         mode: args.mode,
-        secret: args.secret.as_deref().map(Secret::from_text),
         work: Duration::from_millis(args.work_ms),
     });
+    let webhooks = match &args.secret {
+        Some(secret) => Router::new()
+            .route("/webhooks/stripe", post(signed_webhook))
+            .with_state(Signed {
+                app: app.clone(),
+                guard: GuardConfig::new(Secret::from_text(secret)),
+            }),
+        None => Router::new()
+            .route("/webhooks/stripe", post(webhook))
+            .with_state(app.clone()),
+    };
     let router = Router::new()
-        .route("/webhooks/stripe", post(webhook))
         .route("/balance", get(balance))
-        .with_state(app);
+        .with_state(app)
+        .merge(webhooks);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
@@ -127,153 +170,95 @@ async fn main() -> anyhow::Result<()> {
 
 async fn open(url: &str) -> anyhow::Result<Db> {
     if let Some(path) = url.strip_prefix("sqlite://") {
-        let path = PathBuf::from(path);
-        let conn = rusqlite::Connection::open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE IF NOT EXISTS credits (
-                 id INTEGER PRIMARY KEY, event_id TEXT NOT NULL, amount INTEGER NOT NULL);
-             CREATE TABLE IF NOT EXISTS processed_webhooks (key TEXT PRIMARY KEY);",
-        )?;
-        return Ok(Db::Sqlite(path));
+        // WAL lets `GET /balance` (and `hooklatch check` counting) read while a credit writes;
+        // a concurrent writer waits up to busy_timeout for the lock instead of failing.
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(16)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("opening {path}"))?;
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS credits (
+                 id INTEGER PRIMARY KEY, event_id TEXT NOT NULL, amount INTEGER NOT NULL)",
+        )
+        .execute(&pool)
+        .await?;
+        ensure_table(&pool).await?;
+        return Ok(Db::Sqlite(pool));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let pool = sqlx::postgres::PgPoolOptions::new()
+        let pool = PgPoolOptions::new()
             .max_connections(20)
             .connect(url)
             .await
             .context("connecting to PostgreSQL")?;
-        for statement in [
+        sqlx::query(
             "CREATE TABLE IF NOT EXISTS credits (
                  id BIGSERIAL PRIMARY KEY, event_id TEXT NOT NULL, amount BIGINT NOT NULL)",
-            "CREATE TABLE IF NOT EXISTS processed_webhooks (key TEXT PRIMARY KEY)",
-        ] {
-            sqlx::query(statement).execute(&pool).await?;
-        }
+        )
+        .execute(&pool)
+        .await?;
+        ensure_table(&pool).await?;
         return Ok(Db::Postgres(pool));
     }
     anyhow::bail!("--db must be sqlite://PATH or postgres://…")
 }
 
-/// `POST /webhooks/stripe`.
+/// `POST /webhooks/stripe` without `--secret`: the key is `Idempotency-Key`, else the event id.
 async fn webhook(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Some(secret) = &app.secret {
-        let req = InboundRequest {
-            path_and_query: "/webhooks/stripe",
-            headers: &headers,
-            body: &body,
-            now: Timestamp::now(),
-        };
-        if let Err(rejection) =
-            StandardWebhooks.verify(&req, std::slice::from_ref(secret), Duration::from_secs(300))
-        {
-            return (StatusCode::UNAUTHORIZED, rejection.message()).into_response();
-        }
-    }
-    let Ok(event) = serde_json::from_slice::<Value>(&body) else {
-        return (StatusCode::BAD_REQUEST, "body is not JSON").into_response();
-    };
-    let Some(event_id) = event["id"].as_str() else {
-        return (StatusCode::BAD_REQUEST, "event has no id").into_response();
-    };
     let key = headers
         .get("idempotency-key")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or(event_id);
+        .map(str::to_owned);
+    credit_event(&app, key, &body).await
+}
+
+/// `POST /webhooks/stripe` with `--secret`: only deliveries signed by hooklatch reach it (the
+/// extractor answers 401 otherwise), and the key is the verified `Idempotency-Key`.
+async fn signed_webhook(State(app): State<Arc<App>>, delivery: VerifiedDelivery) -> Response {
+    credit_event(&app, Some(delivery.idempotency_key), &delivery.body).await
+}
+
+async fn credit_event(app: &App, key: Option<String>, body: &[u8]) -> Response {
+    let Ok(event) = serde_json::from_slice::<Value>(body) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            "the body is not JSON",
+        );
+    };
+    let Some(event_id) = event["id"].as_str() else {
+        return error(StatusCode::BAD_REQUEST, "missing_id", "the event has no id");
+    };
     let credit = Credit {
-        key: key.to_owned(),
+        key: key.unwrap_or_else(|| event_id.to_owned()),
         event_id: event_id.to_owned(),
         amount: event["data"]["object"]["amount_paid"].as_i64().unwrap_or(0),
     };
-    match credit_once(&app, credit).await {
+    match credit_once(app, &credit).await {
         Ok(credited) => Json(json!({ "credited": credited })).into_response(),
         Err(err) => {
             // A real service logs this; the provider sees a 500 and retries.
-            eprintln!("credit-service: {err:#}");
-            (StatusCode::INTERNAL_SERVER_ERROR, "could not credit").into_response()
+            eprintln!("credit-service: crediting {}: {err}", credit.event_id);
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "could not credit",
+            )
         }
     }
 }
 
 /// Credits as the mode says; true when this delivery did the work.
-async fn credit_once(app: &App, credit: Credit) -> anyhow::Result<bool> {
-    match &app.db {
-        Db::Sqlite(path) => {
-            let (path, mode, work) = (path.clone(), app.mode, app.work);
-            tokio::task::spawn_blocking(move || sqlite_credit(&path, mode, work, &credit)).await?
-        }
-        Db::Postgres(pool) => postgres_credit(pool, app.mode, app.work, &credit).await,
-    }
-}
-
-fn sqlite_credit(
-    path: &std::path::Path,
-    mode: Mode,
-    work: Duration,
-    credit: &Credit,
-) -> anyhow::Result<bool> {
-    use rusqlite::params;
-    let mut conn = rusqlite::Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(10))?;
-    match mode {
+async fn credit_once(app: &App, credit: &Credit) -> Result<bool, sqlx::Error> {
+    with_pool!(&app.db, pool => match app.mode {
         Mode::Naive => {
-            std::thread::sleep(work);
-            conn.execute(
-                "INSERT INTO credits (event_id, amount) VALUES (?1, ?2)",
-                params![credit.event_id, credit.amount],
-            )?;
-            Ok(true)
-        }
-        Mode::CheckThenInsert => {
-            let seen: i64 = conn.query_row(
-                "SELECT count(*) FROM credits WHERE event_id = ?1",
-                params![credit.event_id],
-                |row| row.get(0),
-            )?;
-            if seen > 0 {
-                return Ok(false);
-            }
-            // Between this check and the insert, a concurrent delivery checks too.
-            std::thread::sleep(work);
-            conn.execute(
-                "INSERT INTO credits (event_id, amount) VALUES (?1, ?2)",
-                params![credit.event_id, credit.amount],
-            )?;
-            Ok(true)
-        }
-        Mode::Guarded => {
-            // IMMEDIATE takes SQLite's write lock at BEGIN, so a concurrent delivery waits
-            // (busy_timeout) instead of failing at its first write.
-            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-            let claimed = tx.execute(
-                "INSERT INTO processed_webhooks (key) VALUES (?1) ON CONFLICT DO NOTHING",
-                params![credit.key],
-            )?;
-            if claimed == 0 {
-                return Ok(false); // already done: the transaction rolls back on drop
-            }
-            std::thread::sleep(work);
-            tx.execute(
-                "INSERT INTO credits (event_id, amount) VALUES (?1, ?2)",
-                params![credit.event_id, credit.amount],
-            )?;
-            tx.commit()?;
-            Ok(true)
-        }
-    }
-}
-
-async fn postgres_credit(
-    pool: &sqlx::PgPool,
-    mode: Mode,
-    work: Duration,
-    credit: &Credit,
-) -> anyhow::Result<bool> {
-    const INSERT_CREDIT: &str = "INSERT INTO credits (event_id, amount) VALUES ($1, $2)";
-    match mode {
-        Mode::Naive => {
-            tokio::time::sleep(work).await;
+            tokio::time::sleep(app.work).await;
             sqlx::query(INSERT_CREDIT)
                 .bind(&credit.event_id)
                 .bind(credit.amount)
@@ -289,7 +274,8 @@ async fn postgres_credit(
             if seen > 0 {
                 return Ok(false);
             }
-            tokio::time::sleep(work).await;
+            // Between this check and the insert, a concurrent delivery checks too.
+            tokio::time::sleep(app.work).await;
             sqlx::query(INSERT_CREDIT)
                 .bind(&credit.event_id)
                 .bind(credit.amount)
@@ -299,19 +285,13 @@ async fn postgres_credit(
         }
         Mode::Guarded => {
             let mut tx = pool.begin().await?;
-            // A concurrent claim of the same key waits here for this transaction, then
-            // inserts nothing: exactly one delivery gets 1 row.
-            let claimed = sqlx::query(
-                "INSERT INTO processed_webhooks (key) VALUES ($1) ON CONFLICT DO NOTHING",
-            )
-            .bind(&credit.key)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if claimed == 0 {
-                return Ok(false);
+            // The claim is the transaction's first statement. A concurrent claim of the same
+            // key waits for this transaction (PostgreSQL: on the key's index entry; SQLite:
+            // for the write lock), then finds the key: exactly one delivery gets `First`.
+            if claim(&mut tx, &credit.key).await? == Claim::AlreadyDone {
+                return Ok(false); // dropping `tx` rolls it back
             }
-            tokio::time::sleep(work).await;
+            tokio::time::sleep(app.work).await;
             sqlx::query(INSERT_CREDIT)
                 .bind(&credit.event_id)
                 .bind(credit.amount)
@@ -320,30 +300,28 @@ async fn postgres_credit(
             tx.commit().await?;
             Ok(true)
         }
-    }
+    })
 }
 
 /// `GET /balance`: how many credits, and their total (in cents).
 async fn balance(State(app): State<Arc<App>>) -> Response {
     const SQL: &str = "SELECT count(*), CAST(coalesce(sum(amount), 0) AS BIGINT) FROM credits";
-    let totals = match &app.db {
-        Db::Sqlite(path) => {
-            let path = path.clone();
-            tokio::task::spawn_blocking(move || -> anyhow::Result<(i64, i64)> {
-                let conn = rusqlite::Connection::open(path)?;
-                Ok(conn.query_row(SQL, [], |row| Ok((row.get(0)?, row.get(1)?)))?)
-            })
-            .await
-            .map_err(anyhow::Error::from)
-            .and_then(|r| r)
-        }
-        Db::Postgres(pool) => sqlx::query_as::<_, (i64, i64)>(SQL)
-            .fetch_one(pool)
-            .await
-            .map_err(anyhow::Error::from),
-    };
+    let totals: Result<(i64, i64), sqlx::Error> =
+        with_pool!(&app.db, pool => sqlx::query_as(SQL).fetch_one(pool).await);
     match totals {
         Ok((credits, total)) => Json(json!({ "credits": credits, "total": total })).into_response(),
-        Err(err) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{err:#}")).into_response(),
+        Err(err) => {
+            eprintln!("credit-service: reading the balance: {err}");
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "could not read the balance",
+            )
+        }
     }
+}
+
+/// An error answer: `{"code": …, "message": …}`.
+fn error(status: StatusCode, code: &'static str, message: &str) -> Response {
+    (status, Json(json!({ "code": code, "message": message }))).into_response()
 }

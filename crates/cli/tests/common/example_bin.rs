@@ -18,7 +18,26 @@ pub fn build(package: &str, bin: &str) -> PathBuf {
     };
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let status = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // `cargo test` gives this process its package's variables (CARGO_MANIFEST_DIR, CARGO_PKG_*,
+    // …). Passed on, they would change the fingerprint of build scripts that watch them (ring's
+    // does): the build here and a build from a shell would each rebuild what the other built.
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        let from_cargo_test = text.starts_with("CARGO_PKG_")
+            || matches!(
+                &*text,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+            );
+        if from_cargo_test {
+            command.env_remove(&name);
+        }
+    }
+    let status = command
         .args(["build", "--quiet", "-p", package])
         .arg("--manifest-path")
         .arg(&manifest)

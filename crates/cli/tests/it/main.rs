@@ -2,11 +2,17 @@
 //! on loopback, with its own temp dir, SQLite file and ports, delivering to a real HTTP handler
 //! inside the test. Together they prove the foundation issue's "Proof" list.
 //!
+//! `booking` also runs an example service (`examples/whatsapp-booking`) as a real process
+//! behind the gateway.
+//!
 //! One test binary (one link step); helpers live in `support`, scenarios in one module each.
 //! `TEST_LOG=1` shows the gateways' logs; otherwise a failing test prints its gateway's log tail.
 
+#[path = "../common/example_bin.rs"]
+mod example_bin;
 mod support;
 
+mod booking;
 mod crash;
 mod forgery;
 mod hygiene;

@@ -26,14 +26,14 @@ use crate::support::{
 type Answers = HashMap<String, Vec<(u16, String)>>;
 
 /// A database of the test's own on the server `HOOKLATCH_TEST_POSTGRES_URL` points at.
-struct Database {
+pub(crate) struct Database {
     admin_url: String,
     name: String,
 }
 
 impl Database {
     /// `None` (after printing why) when no server is configured outside CI.
-    async fn create() -> Option<Database> {
+    pub(crate) async fn create() -> Option<Database> {
         let Ok(admin_url) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -56,7 +56,7 @@ impl Database {
     }
 
     /// The URL of this database (the admin URL with its database name replaced).
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         let (base, query) = match self.admin_url.split_once('?') {
             Some((b, q)) => (b, Some(q)),
             None => (self.admin_url.as_str(), None),
@@ -68,7 +68,7 @@ impl Database {
         }
     }
 
-    async fn drop_now(self) {
+    pub(crate) async fn drop_now(self) {
         if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
             let _ = sqlx::query(&format!(
                 "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
