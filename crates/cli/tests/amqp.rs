@@ -352,6 +352,73 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
     broker.clean_up().await;
 }
 
+/// `hooklatch check-config` and `hooklatch serve` refuse an `amqps://` destination before
+/// anything starts: exit status 2, the reason and a way out, no panic, no password. Needs no
+/// broker: nothing may connect.
+#[test]
+fn an_amqps_destination_is_refused_by_check_config_and_serve_without_its_password() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(
+        &config,
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
+
+[store]
+url = "sqlite://hooklatch.db"
+
+[[sources]]
+name = "stripe"
+provider = "stripe"
+secrets = ["whsec_local_development_only"]
+destinations = ["mq"]
+
+[[destinations]]
+name = "mq"
+amqp = "env:E2E_AMQP_URL"
+exchange = "payments"
+routing_key = "payment.confirmed"
+"#,
+    )
+    .expect("writing the config");
+    for verb in ["check-config", "serve"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args([verb, "--config"])
+            .arg(&config)
+            .current_dir(dir.path())
+            .env("HOOKLATCH_ADMIN_TOKEN", "e2e-admin-token-0123456789abcdef")
+            .env(
+                "E2E_AMQP_URL",
+                "amqps://guest:pa55word@mq.internal:5671/%2f",
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("running hooklatch");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{verb}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(
+                "destinations[0].amqp: amqps:// (TLS to RabbitMQ) is not supported in this build"
+            ),
+            "{verb}: {stderr}"
+        );
+        assert!(stderr.contains("TLS-terminating proxy"), "{verb}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{verb}: {stderr}");
+        assert!(
+            !stderr.contains("pa55word") && !stdout.contains("pa55word"),
+            "{verb}: {stdout}\n{stderr}"
+        );
+        assert!(
+            !dir.path().join("hooklatch.db").exists(),
+            "{verb} opened the store before refusing the destination"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Payment → ticket: the gateway, RabbitMQ and the example consumer, with PostgreSQL
 
