@@ -13,6 +13,12 @@
 //! its own package, and `CARGO_BIN_EXE_*` only names this package's binaries, so
 //! [`ticket_consumer_bin`] builds it once per run with
 //! `cargo build -p hooklatch-example-ticket-consumer` into this run's target dir and profile.
+//!
+//! One test restarts the broker (`rabbitmqctl stop_app`, then `start_app`) in the middle of a
+//! burst of 1,000 events. It needs `rabbitmqctl` for the node behind the URL
+//! (`HOOKLATCH_TEST_RABBITMQCTL` names another command, e.g. `docker exec rabbitmq rabbitmqctl`)
+//! and skips without it, failing under CI. It holds [`BROKER`] for writing; every other broker
+//! test holds it for reading, so none of them sees the restart.
 
 #[allow(dead_code)]
 #[path = "it/support.rs"]
@@ -36,9 +42,13 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use sqlx::Connection as _;
 use support::{
-    stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler, Options,
-    DEADLINE,
+    stripe_headers, stripe_invoice_paid, unique, wait_until, wait_until_within, Behaviour, Gateway,
+    Handler, Options, DEADLINE,
 };
+
+/// Held for reading by every test that uses the broker, for writing by the one that restarts
+/// it: a restart would otherwise break the other tests of this binary running in parallel.
+static BROKER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 /// The broker URL, or `None` (after printing why) when the tests should skip.
 fn broker_url() -> Option<String> {
@@ -170,17 +180,22 @@ impl Broker {
 /// Gateway options: the `stripe` source delivers to an AMQP destination `mq` (3 quick
 /// attempts) with `mq_settings` (exchange, routing key, declarations).
 fn options(url: &str, mq_settings: &str) -> Options {
+    options_with_retries(url, QUICK_RETRIES, mq_settings)
+}
+
+/// The destination's retry settings in [`options`]: 3 attempts within half a second.
+const QUICK_RETRIES: &str = "max_attempts = 3\ninitial_backoff = \"100ms\"\nmax_backoff = \"300ms\"\njitter = 0.0\ntimeout = \"10s\"";
+
+/// [`options`] with the destination's retry settings (`max_attempts`, backoffs, `jitter`,
+/// `timeout`) given.
+fn options_with_retries(url: &str, retries: &str, mq_settings: &str) -> Options {
     Options {
         extra_config: format!(
             r#"
 [[destinations]]
 name = "mq"
 amqp = "env:E2E_AMQP_URL"
-max_attempts = 3
-initial_backoff = "100ms"
-max_backoff = "300ms"
-jitter = 0.0
-timeout = "10s"
+{retries}
 {mq_settings}
 "#
         ),
@@ -212,6 +227,7 @@ fn header(msg: &BasicGetMessage, name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_payment_sent_42_times_is_one_persistent_message_keyed_by_its_event() {
     let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
     let mut broker = Broker::connect(&url).await;
     let exchange = format!("hooklatch-e2e-x-{}", unique("pay"));
     let queue = format!("hooklatch-e2e-q-{}", unique("pay"));
@@ -293,6 +309,7 @@ async fn one_payment_sent_42_times_is_one_persistent_message_keyed_by_its_event(
 async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and_redrive_lands_it()
 {
     let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
     let mut broker = Broker::connect(&url).await;
     let exchange = format!("hooklatch-e2e-unbound-{}", unique("x"));
     broker.exchange(&exchange).await;
@@ -350,6 +367,73 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
 
     drop(gw);
     broker.clean_up().await;
+}
+
+/// `hooklatch check-config` and `hooklatch serve` refuse an `amqps://` destination before
+/// anything starts: exit status 2, the reason and a way out, no panic, no password. Needs no
+/// broker: nothing may connect.
+#[test]
+fn an_amqps_destination_is_refused_by_check_config_and_serve_without_its_password() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(
+        &config,
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
+
+[store]
+url = "sqlite://hooklatch.db"
+
+[[sources]]
+name = "stripe"
+provider = "stripe"
+secrets = ["whsec_local_development_only"]
+destinations = ["mq"]
+
+[[destinations]]
+name = "mq"
+amqp = "env:E2E_AMQP_URL"
+exchange = "payments"
+routing_key = "payment.confirmed"
+"#,
+    )
+    .expect("writing the config");
+    for verb in ["check-config", "serve"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args([verb, "--config"])
+            .arg(&config)
+            .current_dir(dir.path())
+            .env("HOOKLATCH_ADMIN_TOKEN", "e2e-admin-token-0123456789abcdef")
+            .env(
+                "E2E_AMQP_URL",
+                "amqps://guest:pa55word@mq.internal:5671/%2f",
+            )
+            .stdin(Stdio::null())
+            .output()
+            .expect("running hooklatch");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(2), "{verb}: {stdout}\n{stderr}");
+        assert!(
+            stderr.contains(
+                "destinations[0].amqp: amqps:// (TLS to RabbitMQ) is not supported in this build"
+            ),
+            "{verb}: {stderr}"
+        );
+        assert!(stderr.contains("TLS-terminating proxy"), "{verb}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{verb}: {stderr}");
+        assert!(
+            !stderr.contains("pa55word") && !stdout.contains("pa55word"),
+            "{verb}: {stdout}\n{stderr}"
+        );
+        assert!(
+            !dir.path().join("hooklatch.db").exists(),
+            "{verb} opened the store before refusing the destination"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -418,6 +502,19 @@ impl TestDb {
             .fetch_one(&mut conn)
             .await
             .expect("counting tickets");
+        let _ = conn.close().await;
+        n
+    }
+
+    /// `SELECT count(DISTINCT idempotency_key) FROM tickets` (0 before the table exists).
+    async fn distinct_ticket_keys(&self) -> i64 {
+        let mut conn = sqlx::PgConnection::connect(&self.url())
+            .await
+            .expect("connecting to the test database");
+        let n = sqlx::query_scalar("SELECT count(DISTINCT idempotency_key) FROM tickets")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap_or(0);
         let _ = conn.close().await;
         n
     }
@@ -508,6 +605,11 @@ impl Consumer {
         self.lines.lock().unwrap().clone()
     }
 
+    /// How many times `needle` occurs in stderr so far.
+    fn stderr_count(&self, needle: &str) -> usize {
+        self.stderr.lock().unwrap().matches(needle).count()
+    }
+
     /// Stdout and stderr so far, for assertion messages.
     fn output(&self) -> String {
         format!(
@@ -588,6 +690,7 @@ async fn gateway_for_tickets(url: &str, exchange: &str, queue: &str) -> (Handler
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_payment_sent_42_times_issues_one_ticket_through_rabbitmq_and_the_guard() {
     let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
     let Some(pg) = postgres_url() else { return };
     let db = TestDb::create(&pg).await;
     let mut broker = Broker::connect(&url).await;
@@ -653,6 +756,7 @@ async fn one_payment_sent_42_times_issues_one_ticket_through_rabbitmq_and_the_gu
 async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_issues_no_second_ticket(
 ) {
     let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
     let Some(pg) = postgres_url() else { return };
     let db = TestDb::create(&pg).await;
     let mut broker = Broker::connect(&url).await;
@@ -719,4 +823,417 @@ async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_
     drop(gw);
     broker.clean_up().await;
     db.drop_now().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A broker restart in the middle of a burst
+
+/// `rabbitmqctl`, controlling the node behind `HOOKLATCH_TEST_AMQP_URL`; the command is
+/// `HOOKLATCH_TEST_RABBITMQCTL` when set (e.g. `docker exec rabbitmq rabbitmqctl`).
+#[derive(Clone)]
+struct Rabbitmqctl(Vec<String>);
+
+impl Rabbitmqctl {
+    /// The command, or `None` (after printing why) when the test should skip: it is missing or
+    /// cannot reach the node.
+    fn find() -> Option<Rabbitmqctl> {
+        let command = std::env::var("HOOKLATCH_TEST_RABBITMQCTL")
+            .ok()
+            .filter(|c| !c.trim().is_empty())
+            .unwrap_or_else(|| "rabbitmqctl".to_owned());
+        let ctl = Rabbitmqctl(command.split_whitespace().map(str::to_owned).collect());
+        match ctl.run(&["status"]) {
+            Ok(_) => Some(ctl),
+            Err(why) => {
+                assert!(
+                    std::env::var_os("CI").is_none(),
+                    "rabbitmqctl is needed under CI (set HOOKLATCH_TEST_RABBITMQCTL): {why}"
+                );
+                eprintln!("skipped: rabbitmqctl is not usable: {why}");
+                None
+            }
+        }
+    }
+
+    /// Runs `rabbitmqctl args…`; its stdout, or why it failed.
+    fn run(&self, args: &[&str]) -> Result<String, String> {
+        let (program, pre) = self.0.split_first().expect("a command");
+        let out = Command::new(program)
+            .args(pre)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("running {program}: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "{program} {}: {}\n{}{}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// [`Self::run`] on a blocking thread.
+    async fn run_async(&self, args: &'static [&'static str]) -> Result<String, String> {
+        let ctl = self.clone();
+        tokio::task::spawn_blocking(move || ctl.run(args))
+            .await
+            .expect("the rabbitmqctl thread")
+    }
+
+    /// The messages in `queue`, ready and unacked.
+    async fn messages_in(&self, queue: &str) -> u64 {
+        let out = self
+            .run_async(&[
+                "list_queues",
+                "--quiet",
+                "--no-table-headers",
+                "name",
+                "messages",
+            ])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        out.lines()
+            .filter_map(|line| {
+                let mut cols = line.split_whitespace();
+                (cols.next() == Some(queue)).then(|| cols.next()?.parse().ok())?
+            })
+            .next()
+            .unwrap_or_else(|| panic!("queue {queue} not listed:\n{out}"))
+    }
+}
+
+/// Starts the broker's application again when dropped unless [`Self::started`]: a test that
+/// fails between `stop_app` and `start_app` must not leave the machine without a broker.
+struct StoppedBroker {
+    ctl: Rabbitmqctl,
+    stopped: bool,
+}
+
+impl StoppedBroker {
+    /// `rabbitmqctl stop_app`: the node stays up, its AMQP listener and every connection close.
+    async fn stop(ctl: &Rabbitmqctl) -> StoppedBroker {
+        // Armed before the command: a stop that half happened is undone as well.
+        let guard = StoppedBroker {
+            ctl: ctl.clone(),
+            stopped: true,
+        };
+        ctl.run_async(&["stop_app"])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        guard
+    }
+
+    /// `rabbitmqctl start_app`, then waits until the broker has booted.
+    async fn start(mut self) {
+        self.ctl
+            .run_async(&["start_app"])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.ctl
+            .run_async(&["await_startup"])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.stopped = false;
+    }
+}
+
+impl Drop for StoppedBroker {
+    fn drop(&mut self) {
+        if self.stopped {
+            if let Err(e) = self.ctl.run(&["start_app"]) {
+                eprintln!("could not start the broker again: {e}");
+            }
+        }
+    }
+}
+
+/// Where the burst is relative to the restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Up,
+    Stopped,
+    Restarted,
+}
+
+/// Sends one event as a provider would: again (freshly signed) after any non-2xx answer or
+/// transport error, until accepted. Returns how many sends were refused.
+async fn send_until_accepted(ingest: &support::Ingest, body: &[u8]) -> u32 {
+    let started = Instant::now();
+    let mut refused = 0;
+    loop {
+        match ingest
+            .try_post("stripe", &stripe_headers(body), body.to_vec())
+            .await
+        {
+            Ok((status, _)) if (200..300).contains(&status) => return refused,
+            Ok((status, json)) => eprintln!("refused ({status}), sending again: {json}"),
+            Err(err) => eprintln!("not sent ({err}), sending again"),
+        }
+        refused += 1;
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "an event was never accepted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restarted_during_a_burst_of_1000_events_loses_none_and_the_guard_keeps_each_effect_once(
+) {
+    let Some(url) = broker_url() else { return };
+    let Some(pg) = postgres_url() else { return };
+    let Some(ctl) = Rabbitmqctl::find() else {
+        return;
+    };
+    // Alone on the broker: the other tests of this binary wait, and do not see the restart.
+    let _restarting = BROKER.write().await;
+    let db = TestDb::create(&pg).await;
+    let exchange = format!("hooklatch-e2e-x-{}", unique("restart"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("restart"));
+    // A failure is caught, so that the clean-up runs then too.
+    let outcome = CatchUnwind(Box::pin(restart_during_burst(
+        &url, &ctl, &db, &exchange, &queue,
+    )))
+    .await;
+    let mut broker = Broker::connect(&url).await;
+    broker.owns(&exchange, &queue);
+    broker.clean_up().await;
+    db.drop_now().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// A future's panic as an `Err`, for a clean-up that must run after a failed test.
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(out)) => std::task::Poll::Ready(Ok(out)),
+            Err(panic) => std::task::Poll::Ready(Err(panic)),
+        }
+    }
+}
+
+/// The burst, the restart, the wait and the checks of
+/// [`a_broker_restarted_during_a_burst_of_1000_events_loses_none_and_the_guard_keeps_each_effect_once`].
+async fn restart_during_burst(
+    url: &str,
+    ctl: &Rabbitmqctl,
+    db: &TestDb,
+    exchange: &str,
+    queue: &str,
+) {
+    const EVENTS: usize = 1000;
+    const SENDERS: usize = 16;
+    // Retried for as long as the restart takes: nothing may be dead-lettered by it.
+    let retries = "max_attempts = 1000\ninitial_backoff = \"100ms\"\nmax_backoff = \"1s\"\njitter = 0.0\ntimeout = \"5s\"";
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        options_with_retries(
+            url,
+            retries,
+            &format!(
+                "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\"\nquorum = true"
+            ),
+        ),
+    )
+    .await;
+    // The gateway declares the quorum queue on its first publish; one event before the burst.
+    let bodies: Vec<Vec<u8>> = (0..EVENTS)
+        .map(|i| {
+            let body = stripe_invoice_paid(&unique(&format!("evt_burst{i:04}")), 1000 + i as u64);
+            String::from_utf8(body)
+                .expect("a UTF-8 event")
+                .replace(ORDER_ID, &format!("in_burst_{i:04}"))
+                .into_bytes()
+        })
+        .collect();
+    let mut refused = send_until_accepted(&gw.ingest(), &bodies[0]).await;
+    let first_key = format!(
+        "stripe:{}",
+        serde_json::from_slice::<serde_json::Value>(&bodies[0]).unwrap()["id"]
+            .as_str()
+            .unwrap()
+    );
+    gw.wait_for_delivery_state(&first_key, "delivered").await;
+    let mut consumer = Consumer::start(url, queue, &db.url(), false).await;
+
+    // The rest of the burst from 16 senders: up to #500 while the broker is up (it stops once
+    // 300 are accepted), #500–#799 while it is stopped, the rest after it is back.
+    let (phase_tx, phase_rx) = tokio::sync::watch::channel(Phase::Up);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(1));
+    let bodies = Arc::new(bodies);
+    let mut senders = tokio::task::JoinSet::new();
+    for _ in 0..SENDERS {
+        let (ingest, next, accepted, bodies) = (
+            gw.ingest(),
+            Arc::clone(&next),
+            Arc::clone(&accepted),
+            Arc::clone(&bodies),
+        );
+        let mut phase = phase_rx.clone();
+        senders.spawn(async move {
+            let mut refused = 0;
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= EVENTS {
+                    return refused;
+                }
+                let due = match i {
+                    0..500 => Phase::Up,
+                    500..800 => Phase::Stopped,
+                    _ => Phase::Restarted,
+                };
+                phase
+                    .wait_for(|p| *p >= due)
+                    .await
+                    .expect("the restart is running");
+                refused += send_until_accepted(&ingest, &bodies[i]).await;
+                accepted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+    }
+    let restart = async {
+        wait_until_within("300 events are accepted", Duration::from_secs(120), || {
+            accepted.load(std::sync::atomic::Ordering::Relaxed) >= 300
+        })
+        .await;
+        let before = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        let stopped = StoppedBroker::stop(ctl).await;
+        phase_tx.send_replace(Phase::Stopped);
+        let at_stop = accepted.load(std::sync::atomic::Ordering::Relaxed);
+        // The outage: the gateway keeps accepting, its publishes fail and are retried.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stopped.start().await;
+        phase_tx.send_replace(Phase::Restarted);
+        (before, at_stop, Instant::now())
+    };
+    let send_all = async {
+        let mut refused = 0;
+        while let Some(sent) = senders.join_next().await {
+            refused += sent.expect("a sender task");
+        }
+        refused
+    };
+    let ((before_stop, at_stop, restarted_at), sender_refusals) = tokio::join!(restart, send_all);
+    refused += sender_refusals;
+    let acked: std::collections::HashSet<String> = bodies
+        .iter()
+        .map(|b| {
+            let event: serde_json::Value = serde_json::from_slice(b).unwrap();
+            format!("stripe:{}", event["id"].as_str().unwrap())
+        })
+        .collect();
+    assert_eq!(acked.len(), EVENTS, "distinct events");
+
+    // Bounded wait: every row delivered (confirmed), the queue empty (every message consumed
+    // and acked, so every ticket committed) and the consumer's output settled.
+    let started = Instant::now();
+    let mut last_lines = usize::MAX;
+    loop {
+        let delivered = gw.deliveries("state=delivered").await.len();
+        let tickets = db.distinct_ticket_keys().await;
+        let left = ctl.messages_in(queue).await;
+        let lines = consumer.lines().len();
+        if delivered == EVENTS && left == 0 && lines == last_lines {
+            break;
+        }
+        last_lines = lines;
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "timed out: {delivered}/{EVENTS} delivered, {tickets} tickets, {left} messages in \
+             the queue\ndead: {:#?}\nconsumer:\n{}\ngateway log:\n{}",
+            gw.deliveries("state=dead").await,
+            consumer.output(),
+            gw.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let drained_after = restarted_at.elapsed();
+    consumer.stop();
+
+    // Each effect once: one ticket per event, for its own order, and nothing else.
+    let rows = db.ticket_rows().await;
+    let mut per_key: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (_, key) in &rows {
+        *per_key.entry(key.as_str()).or_default() += 1;
+    }
+    let doubled: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(doubled.is_empty(), "effects applied twice: {doubled:?}");
+    let stray: Vec<_> = per_key.keys().filter(|k| !acked.contains(**k)).collect();
+    assert!(stray.is_empty(), "tickets for unknown events: {stray:?}");
+    let missing: Vec<_> = acked
+        .iter()
+        .filter(|k| !per_key.contains_key(k.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "acked, never published: {missing:?}");
+    let orders: std::collections::HashSet<&str> = rows.iter().map(|(o, _)| o.as_str()).collect();
+    assert_eq!(orders.len(), EVENTS, "one ticket per order");
+    assert!(gw.deliveries("state=dead").await.is_empty());
+
+    // What the consumer saw: every message it handled has a line; an ack lost with the
+    // connection leaves no line, and its redelivery is a duplicate.
+    let lines = consumer.lines();
+    let consumed_keys: std::collections::HashSet<&str> = lines
+        .iter()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert!(
+        consumed_keys.iter().all(|k| acked.contains(*k)),
+        "{}",
+        consumer.output()
+    );
+    let new = lines.iter().filter(|l| l.starts_with("new ")).count();
+    let duplicates = lines.iter().filter(|l| l.starts_with("duplicate ")).count();
+    let redelivered = lines.iter().filter(|l| l.ends_with(" redelivered")).count();
+    let lost_acks = consumer.stderr_count("acknowledging the message");
+    let reconnects = consumer.stderr_count("reconnecting in");
+    let rows = gw.deliveries("").await;
+    let attempts: u64 = rows
+        .iter()
+        .map(|r| r["attempts"].as_u64().unwrap_or(0))
+        .sum();
+    let retried = rows
+        .iter()
+        .filter(|r| r["attempts"].as_u64().unwrap_or(0) > 1)
+        .count();
+    println!(
+        "broker restart during a burst: {EVENTS} events acked ({refused} sends refused and \
+         sent again), {before_stop} accepted when stop_app began and {at_stop} when it \
+         returned; gateway: {} rows delivered in {attempts} publish attempts ({retried} rows \
+         retried); consumer: {} messages ({new} new, {duplicates} duplicates absorbed by the \
+         guard, {redelivered} flagged redelivered, {lost_acks} acks lost with the connection, \
+         {reconnects} reconnections); effects: {} tickets for {} distinct events; all \
+         consumed {:.1}s after start_app returned",
+        rows.len(),
+        lines.len(),
+        per_key.values().sum::<usize>(),
+        per_key.len(),
+        drained_after.as_secs_f64(),
+    );
+    assert!(
+        reconnects >= 1,
+        "the consumer never lost its connection: {}",
+        consumer.output()
+    );
+
+    drop(consumer);
+    drop(gw);
 }

@@ -288,6 +288,14 @@ struct RawDestination {
     max_age: Option<Value>,
 }
 
+/// The scheme of AMQP over TLS, refused: this build has no TLS stack for RabbitMQ.
+const AMQPS: &str = "amqps://";
+
+/// Why an `amqps://` destination is refused, and what to do instead.
+const AMQPS_UNSUPPORTED: &str = "amqps:// (TLS to RabbitMQ) is not supported in this build; \
+    point amqp:// at a local TLS-terminating proxy (e.g. stunnel or HAProxy on 127.0.0.1 \
+    forwarding to the broker's TLS port), or use plain amqp:// on a private network";
+
 /// A destination's `url` (HTTP) or `amqp` (RabbitMQ) half, checked: exactly one of the two,
 /// and only the keys of that kind.
 fn destination_kind(
@@ -347,11 +355,12 @@ fn destination_kind(
             let text = url
                 .expose_text()
                 .ok_or_else(|| err(format!("{key}.amqp"), "is not UTF-8"))?;
-            if text.starts_with("amqps://") {
-                return Err(err(
-                    format!("{key}.amqp"),
-                    "amqps:// (TLS) is not supported yet; use amqp:// on a trusted network",
-                ));
+            // The scheme is case-insensitive; the rest of the URL (its password) is never shown.
+            if text
+                .get(..AMQPS.len())
+                .is_some_and(|scheme| scheme.eq_ignore_ascii_case(AMQPS))
+            {
+                return Err(err(format!("{key}.amqp"), AMQPS_UNSUPPORTED));
             }
             if !text.starts_with("amqp://") {
                 return Err(err(format!("{key}.amqp"), "must be an amqp:// URL"));
@@ -1406,5 +1415,35 @@ tolerance = "30s"
             "[store]\nkeys = \"redis://127.0.0.1\"\nkey_prefix = \"\"\n",
         );
         check_err(&toml, &with_secret, "store.key_prefix: must not be empty");
+    }
+
+    #[test]
+    fn amqps_destinations_are_refused_with_a_way_out_and_without_their_password() {
+        let toml = EXAMPLE.replace(
+            "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+            "amqp = \"env:MQ_URL\"\nexchange = \"payments\"\nrouting_key = \"payment.confirmed\"",
+        );
+        let inline = EXAMPLE.replace(
+            "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+            "amqp = \"amqps://guest:pa55word@mq.internal:5671/%2f\"\nexchange = \"payments\"\nrouting_key = \"payment.confirmed\"",
+        );
+        for url in [
+            "amqps://guest:pa55word@mq.internal:5671/%2f",
+            "AMQPS://guest:pa55word@mq.internal:5671/prod",
+            "amqps://mq.internal",
+        ] {
+            let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x"), ("MQ_URL", url)]);
+            for config in [&toml, &inline] {
+                let msg = load_str(config, &e).unwrap_err().to_string();
+                assert!(
+                    msg.contains("destinations[0].amqp: amqps:// (TLS to RabbitMQ) is not supported in this build"),
+                    "{msg}"
+                );
+                assert!(msg.contains("TLS-terminating proxy"), "{msg}");
+                assert!(msg.contains("plain amqp:// on a private network"), "{msg}");
+                assert!(!msg.contains("pa55word"), "{msg}");
+                assert!(!msg.contains("mq.internal"), "{msg}");
+            }
+        }
     }
 }

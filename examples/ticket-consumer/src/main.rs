@@ -24,9 +24,15 @@
 //! One line per message on stdout, for scripts and tests to count:
 //! `new <key>` or `duplicate <key>`, followed by ` redelivered` when the broker says so.
 //!
+//! The consumer outlives the broker: when the connection or channel is lost (a broker restart,
+//! a network cut) it connects and consumes again, waiting 200 ms, then twice as long after each
+//! failed attempt, up to 5 s. The messages it had not acked come back `redelivered`.
+//!
 //! `--exit-after-commit` simulates that crash: the first new message is committed, its line
 //! printed, and the process exits with status 3 without acking.
 #![forbid(unsafe_code)]
+
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
@@ -36,12 +42,18 @@ use hooklatch_guard::rabbitmq::{handle_once, HandleError, Handled};
 use lapin::options::BasicRejectOptions;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
-use sqlx::postgres::PgPoolOptions;
+use lapin::{Connection, ConnectionProperties, Consumer};
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
 /// The exit status of `--exit-after-commit`.
 const CRASH_EXIT_CODE: i32 = 3;
+
+/// The first wait before reconnecting to RabbitMQ, doubled after each failed attempt.
+const INITIAL_BACKOFF: Duration = Duration::from_millis(200);
+
+/// The longest wait between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -84,22 +96,56 @@ async fn main() -> anyhow::Result<()> {
     .execute(&pool)
     .await?;
 
+    // The broker may restart, or the network drop: consume again on a new connection, waiting
+    // a backoff (doubled after each failure, reset once consuming) between attempts. Unacked
+    // messages of the lost connection are redelivered, and the guard acks them as duplicates
+    // if their ticket committed.
+    let mut backoff = INITIAL_BACKOFF;
+    loop {
+        let lost = consume(&args, &pool, &mut backoff).await;
+        let why = match lost {
+            Ok(()) => "the broker ended the consumer".to_owned(),
+            Err(err) => format!("{err:#}"),
+        };
+        eprintln!(
+            "ticket-consumer: {why}; reconnecting in {}ms",
+            backoff.as_millis()
+        );
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// One connection's life: connects, consumes `--queue` and handles each message, until the
+/// connection or the channel is lost. Resets `backoff` once consuming.
+async fn consume(args: &Args, pool: &PgPool, backoff: &mut Duration) -> anyhow::Result<()> {
     let connection = Connection::connect(&args.amqp, ConnectionProperties::default())
         .await
         .context("connecting to RabbitMQ")?;
-    let channel = connection.create_channel().await?;
-    // One unacked message at a time: simple to reason about, enough for an example.
-    channel.basic_qos(1, BasicQosOptions::default()).await?;
-    let mut consumer = channel
-        .basic_consume(
-            &args.queue,
-            "ticket-consumer",
-            BasicConsumeOptions::default(), // manual acks: handle_once acks after the commit
-            FieldTable::default(),
-        )
-        .await
-        .with_context(|| format!("consuming {}", args.queue))?;
+    let consumed = async {
+        let channel = connection.create_channel().await?;
+        // One unacked message at a time: simple to reason about, enough for an example.
+        channel.basic_qos(1, BasicQosOptions::default()).await?;
+        let consumer = channel
+            .basic_consume(
+                &args.queue,
+                "ticket-consumer",
+                BasicConsumeOptions::default(), // manual acks: handle_once acks after the commit
+                FieldTable::default(),
+            )
+            .await
+            .with_context(|| format!("consuming {}", args.queue))?;
+        eprintln!("ticket-consumer: consuming {}", args.queue);
+        *backoff = INITIAL_BACKOFF;
+        handle_all(args, pool, consumer).await
+    }
+    .await;
+    let _ = connection.close(200, "reconnecting").await;
+    consumed
+}
 
+/// Handles the messages of `consumer` until it ends or fails.
+async fn handle_all(args: &Args, pool: &PgPool, mut consumer: Consumer) -> anyhow::Result<()> {
     while let Some(delivery) = consumer.next().await {
         let delivery = delivery.context("receiving a message")?;
         let key = delivery
@@ -146,12 +192,13 @@ async fn main() -> anyhow::Result<()> {
             Ok::<_, sqlx::Error>(tx)
         };
 
-        match handle_once(&pool, &delivery, work).await {
+        match handle_once(pool, &delivery, work).await {
             Ok(Handled::Done) => println!("new {key}{redelivered}"),
             Ok(Handled::Duplicate) => println!("duplicate {key}{redelivered}"),
             // Rejected without requeue: not a hooklatch message.
             Err(HandleError::MissingMessageId) => eprintln!("ticket-consumer: no message_id"),
-            // Nacked and requeued (or the ack failed): the broker delivers it again.
+            // Nacked and requeued, or the ack failed with the connection: either way the
+            // broker delivers it again, and a committed ticket makes that a duplicate.
             Err(err) => eprintln!("ticket-consumer: {key}: {:#}", anyhow::Error::new(err)),
         }
     }
