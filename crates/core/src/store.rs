@@ -494,6 +494,21 @@ pub trait Store: Send + Sync + 'static {
     /// pending, in which case only the attempt is recorded.
     async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError>;
 
+    /// Records an attempt as [`Store::record_attempt`] does, then leases the next due delivery
+    /// (if any) to the attempt's owner for `lease`: a busy worker goes on to its next delivery
+    /// without a separate round trip. Backends whose writes queue (SQLite's writer) do both in
+    /// one write; the default makes the two calls.
+    async fn record_attempt_and_lease(
+        &self,
+        result: AttemptResult,
+        now: Timestamp,
+        lease: Duration,
+    ) -> Result<Option<LeasedDelivery>, StoreError> {
+        let owner = result.owner.clone();
+        self.record_attempt(result).await?;
+        Ok(self.lease_due(&owner, now, lease, 1).await?.pop())
+    }
+
     /// Gives back every lease `owner` holds (graceful shutdown), making the rows due again.
     async fn release_leases(&self, owner: &str) -> Result<(), StoreError>;
 

@@ -102,8 +102,8 @@ impl Worker {
                     Ok(batch) => {
                         leased_all = batch.len() == free;
                         for delivery in batch {
-                            let this = this.clone();
-                            in_flight.spawn(async move { this.deliver(delivery).await });
+                            let (this, cancel) = (this.clone(), cancel.clone());
+                            in_flight.spawn(async move { this.work(delivery, cancel).await });
                         }
                     }
                     Err(err) => tracing::warn!(%err, "could not lease deliveries"),
@@ -150,15 +150,39 @@ impl Worker {
         }
     }
 
-    /// One attempt, recorded.
-    async fn deliver(&self, delivery: LeasedDelivery) {
+    /// One delivery task: attempts its delivery, then records the attempt and leases the next
+    /// due delivery in one store call, and goes on until nothing is due or the worker stops.
+    /// A busy worker so needs one store round trip per delivery, and its tasks take their
+    /// next work side by side instead of queueing on the dispatcher.
+    async fn work(&self, first: LeasedDelivery, cancel: CancellationToken) {
+        let mut next = Some(first);
+        while let Some(delivery) = next.take() {
+            let result = self.deliver(delivery).await;
+            if cancel.is_cancelled() {
+                self.record(result).await;
+                break;
+            }
+            match self
+                .store
+                .record_attempt_and_lease(result, Timestamp::now(), self.lease)
+                .await
+            {
+                Ok(leased) => next = leased,
+                // The lease runs out and the delivery is attempted again, with the same key.
+                Err(err) => tracing::warn!(%err, "could not record a delivery attempt"),
+            }
+        }
+    }
+
+    /// One attempt; returns what to record.
+    async fn deliver(&self, delivery: LeasedDelivery) -> AttemptResult {
         let attempt = delivery.attempts + 1;
         let span = tracing::debug_span!("delivery", id = %delivery.id, destination = %delivery.destination, attempt);
         let _enter = span.enter();
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let Some(dest) = self.destinations.get(&delivery.destination).cloned() else {
-            self.record(AttemptResult {
+            return AttemptResult {
                 delivery: delivery.id,
                 owner: self.owner.clone(),
                 started_at,
@@ -169,9 +193,7 @@ impl Worker {
                     delivery.destination
                 )),
                 next: AttemptNext::DeadLetter,
-            })
-            .await;
-            return;
+            };
         };
         drop(_enter);
         let outcome = match &dest.kind {
@@ -237,7 +259,7 @@ impl Worker {
             }
             _ => tracing::debug!(id = %delivery.id, destination = %dest.name, attempt, "delivered"),
         }
-        self.record(AttemptResult {
+        AttemptResult {
             delivery: delivery.id,
             owner: self.owner.clone(),
             started_at,
@@ -245,8 +267,7 @@ impl Worker {
             status,
             error,
             next,
-        })
-        .await;
+        }
     }
 
     async fn record(&self, result: AttemptResult) {

@@ -185,24 +185,24 @@ fn insert_request(
     status: u16,
     keys_json: &str,
 ) -> rusqlite::Result<RequestId> {
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO requests (received_at, source, method, path, peer, headers, body,
             body_truncated, verdict, reason, status, keys)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-        params![
-            request.received_at.0,
-            request.source,
-            request.method,
-            request.path,
-            request.peer,
-            headers::encode(&request.headers),
-            &request.body[..],
-            request.body_truncated,
-            verdict.as_str(),
-            reason,
-            status,
-            keys_json
-        ],
-    )?;
+    )?
+    .execute(params![
+        request.received_at.0,
+        request.source,
+        request.method,
+        request.path,
+        request.peer,
+        headers::encode(&request.headers),
+        &request.body[..],
+        request.body_truncated,
+        verdict.as_str(),
+        reason,
+        status,
+        keys_json
+    ])?;
     Ok(RequestId(conn.last_insert_rowid()))
 }

@@ -246,6 +246,20 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn record_attempt_and_lease(
+        &self,
+        result: AttemptResult,
+        now: Timestamp,
+        lease: Duration,
+    ) -> Result<Option<LeasedDelivery>, StoreError> {
+        self.writer
+            .run(move |tx| {
+                outbox::record_attempt(tx, &result)?;
+                Ok(outbox::lease_due(tx, &result.owner, now, lease, 1)?.pop())
+            })
+            .await
+    }
+
     async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
         let owner = owner.to_owned();
         self.writer

@@ -58,7 +58,7 @@ pub use outbox::{
     deliveries_not_yet_due_are_not_leased,
     lease_due_returns_due_deliveries_with_the_request_byte_exact,
     lease_due_takes_at_most_limit_deliveries_earliest_first,
-    next_due_reports_the_earliest_due_time,
+    next_due_reports_the_earliest_due_time, recording_an_attempt_can_lease_the_next_due_delivery,
     redriving_a_dead_delivery_queues_it_again_with_the_same_key,
     redriving_what_is_not_dead_changes_nothing, released_leases_can_be_leased_again_at_once,
 };
@@ -98,6 +98,7 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         a_failed_attempt_is_retried_no_sooner_than_asked,
         a_dead_lettered_delivery_keeps_its_last_error,
         a_late_worker_never_undoes_a_newer_outcome,
+        recording_an_attempt_can_lease_the_next_due_delivery,
         redriving_a_dead_delivery_queues_it_again_with_the_same_key,
         redriving_what_is_not_dead_changes_nothing,
         a_deliberate_redelivery_queues_anew_with_the_original_key,

@@ -10,7 +10,7 @@ use hooklatch_core::{DeliveryId, Store, Timestamp};
 
 use crate::conformance::fixture::{
     at, attempt, delivery, headers, idempotency_key, ingest, ingest_ok, new_deliveries,
-    DESTINATIONS, EVENT_TYPE, T0,
+    DESTINATIONS, EVENT_TYPE, T0, WORKER,
 };
 
 const SOURCE: &str = "stripe";
@@ -465,5 +465,64 @@ pub async fn a_deliberate_redelivery_queues_anew_with_the_original_key<S: Store>
             .await
             .expect("redeliver"),
         Redelivery::NotFound
+    );
+}
+
+/// Recording an attempt and leasing the next due delivery in one call: the attempt is
+/// recorded as `record_attempt` records it, the next due delivery (never the one just
+/// recorded while it waits for its retry) is leased to the same owner, and nothing is
+/// returned once nothing is due.
+pub async fn recording_an_attempt_can_lease_the_next_due_delivery<S: Store>(store: S) {
+    let first = one_event(&store, "evt_1", T0).await;
+    let second = one_event(&store, "evt_2", at(1)).await;
+    let leased = lease(&store, WORKER, at(2), 1).await;
+    assert_eq!(ids(&leased), BTreeSet::from([first[0]]));
+
+    let result = attempt(
+        first[0],
+        at(3),
+        Some(500),
+        Some("HTTP 500"),
+        RetryAt(at(600)),
+    );
+    let next = store
+        .record_attempt_and_lease(result, at(4), LEASE)
+        .await
+        .expect("record_attempt_and_lease")
+        .expect("other deliveries are due");
+    assert_eq!(
+        next.id, first[1],
+        "the earliest due delivery is leased next"
+    );
+    let retrying = delivery(&store, first[0]).await;
+    assert_eq!(retrying.state, DeliveryState::Pending);
+    assert_eq!(retrying.attempts, 1);
+    assert_eq!(retrying.next_attempt_at, Some(at(600)));
+
+    let mut leased_ids = BTreeSet::from([next.id]);
+    let mut current = next;
+    while let Some(next) = store
+        .record_attempt_and_lease(
+            attempt(current.id, at(5), Some(200), None, Delivered),
+            at(5),
+            LEASE,
+        )
+        .await
+        .expect("record_attempt_and_lease")
+    {
+        assert!(leased_ids.insert(next.id), "{:?} leased twice", next.id);
+        current = next;
+    }
+    assert_eq!(
+        leased_ids,
+        BTreeSet::from([first[1], second[0], second[1]]),
+        "every due delivery once, and not the one waiting for its retry"
+    );
+    for id in [first[1], second[0], second[1]] {
+        assert_eq!(delivery(&store, id).await.state, DeliveryState::Delivered);
+    }
+    assert!(
+        lease(&store, "worker-b", at(6), 10).await.is_empty(),
+        "nothing else is due"
     );
 }
