@@ -18,12 +18,9 @@ use std::time::Duration;
 use sqlx::Connection;
 
 use crate::support::{
-    eventually_within, stripe_headers, stripe_invoice_paid, unique, wait_until_within, Behaviour,
-    Gateway, Handler, Ingest, Options,
+    eventually_within, storm, stripe_headers, stripe_invoice_paid, unique, wait_until_within,
+    Behaviour, Gateway, Handler, Ingest, Options,
 };
-
-/// Every answer (status, `status` field) to each event's copies, by event id.
-type Answers = HashMap<String, Vec<(u16, String)>>;
 
 /// A database of the test's own on the server `HOOKLATCH_TEST_POSTGRES_URL` points at.
 pub(crate) struct Database {
@@ -128,44 +125,17 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
     const IDS: usize = 1_000;
     const COPIES: usize = 32;
     let ids: Vec<String> = (0..IDS).map(|i| format!("evt_pg_storm_{i:04}")).collect();
-    let verdicts: Arc<Mutex<Answers>> = Arc::default();
-    let n_503 = Arc::new(AtomicUsize::new(0));
-    // 64 senders; each event's 32 copies go out together, spread over the three instances.
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut senders = Vec::new();
-    for sender in 0..64 {
-        let (ids, verdicts, n_503, next, ingests) = (
-            ids.clone(),
-            verdicts.clone(),
-            n_503.clone(),
-            next.clone(),
-            ingests.clone(),
-        );
-        senders.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= IDS * COPIES {
-                    break;
-                }
-                let id = &ids[i / COPIES];
-                let ingest = &ingests[(i + sender) % ingests.len()];
-                let body = stripe_invoice_paid(id, 5000);
-                let answer = post_until_answered(ingest, &body, &n_503).await;
-                let answer = answer.unwrap_or((0, "transport error".to_owned()));
-                verdicts
-                    .lock()
-                    .expect("verdicts lock")
-                    .entry(id.clone())
-                    .or_default()
-                    .push(answer);
-            }
-        }));
-    }
-    for sender in senders {
-        sender.await.expect("sender task");
-    }
-
-    let verdicts = verdicts.lock().expect("verdicts lock").clone();
+    // 64 senders; each event's 32 copies go out together, spread over the three instances;
+    // a 503 (the wait limit) is retried as a provider does, and counted.
+    let (verdicts, n_503) = storm(
+        &ingests,
+        &ids,
+        COPIES,
+        &[503],
+        20,
+        Duration::from_millis(50),
+    )
+    .await;
     let mut not_200 = 0;
     for id in &ids {
         let answers = &verdicts[id];
@@ -199,7 +169,7 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
     println!(
         "T1 postgres×3: ids={IDS} copies={COPIES} forwards={} 503s_retried={}",
         handler.total(),
-        n_503.load(Ordering::Relaxed)
+        n_503
     );
     drop(gateways);
     db.drop_now().await;

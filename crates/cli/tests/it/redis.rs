@@ -13,20 +13,14 @@
 //! Needs `HOOKLATCH_TEST_REDIS_URL`; each test writes under a key prefix of its own and
 //! deletes it afterwards.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::AsyncCommands;
 
 use crate::support::{
-    eventually_within, stripe_headers, stripe_invoice_paid, unique, wait_until_within, Behaviour,
-    Gateway, Handler, Ingest, Options,
+    eventually_within, storm, stripe_headers, stripe_invoice_paid, unique, wait_until_within,
+    Behaviour, Gateway, Handler, Options,
 };
-
-/// Every final answer (status, `status` field) to each event's copies, by event id.
-type Answers = HashMap<String, Vec<(u16, String)>>;
 
 /// A key prefix of the test's own on the Redis `HOOKLATCH_TEST_REDIS_URL` points at.
 struct Keys {
@@ -108,30 +102,6 @@ impl Keys {
     }
 }
 
-/// POSTs until a final answer comes: 409 (in flight) and 503 are retried as a provider
-/// would, each counted.
-async fn post_until_final(
-    ingest: &Ingest,
-    body: &[u8],
-    retried: &AtomicUsize,
-) -> Option<(u16, String)> {
-    for _ in 0..200 {
-        let headers = stripe_headers(body);
-        match ingest.try_post("stripe", &headers, body.to_vec()).await {
-            Ok((409 | 503, _)) => {
-                retried.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Ok((status, json)) => {
-                let verdict = json["status"].as_str().unwrap_or_default().to_owned();
-                return Some((status, verdict));
-            }
-            Err(_) => return None,
-        }
-    }
-    None
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
     let Some(keys) = Keys::open().await else {
@@ -144,43 +114,17 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
     const IDS: usize = 1_000;
     const COPIES: usize = 32;
     let ids: Vec<String> = (0..IDS).map(|i| format!("evt_redis_{i:04}")).collect();
-    let answers: Arc<Mutex<Answers>> = Arc::default();
-    let retried = Arc::new(AtomicUsize::new(0));
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut senders = Vec::new();
-    // 64 senders; each event's 32 copies go out together.
-    for _ in 0..64 {
-        let (ids, answers, retried, next, ingest) = (
-            ids.clone(),
-            answers.clone(),
-            retried.clone(),
-            next.clone(),
-            ingest.clone(),
-        );
-        senders.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= IDS * COPIES {
-                    break;
-                }
-                let id = &ids[i / COPIES];
-                let body = stripe_invoice_paid(id, 5000);
-                let answer = post_until_final(&ingest, &body, &retried).await;
-                let answer = answer.unwrap_or((0, "no final answer".to_owned()));
-                answers
-                    .lock()
-                    .expect("answers lock")
-                    .entry(id.clone())
-                    .or_default()
-                    .push(answer);
-            }
-        }));
-    }
-    for sender in senders {
-        sender.await.expect("sender task");
-    }
-
-    let answers = answers.lock().expect("answers lock").clone();
+    // 64 senders; each event's 32 copies go out together. A copy meeting the first in flight
+    // gets 409 and is retried as a provider would (so is a 503), and counted.
+    let (answers, retried) = storm(
+        &[ingest],
+        &ids,
+        COPIES,
+        &[409, 503],
+        200,
+        Duration::from_millis(20),
+    )
+    .await;
     for id in &ids {
         let got = &answers[id];
         assert_eq!(got.len(), COPIES, "{id}");
@@ -225,7 +169,7 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
     println!(
         "redis mode: ids={IDS} copies={COPIES} forwards={} in_flight_or_503_retried={}",
         handler.total(),
-        retried.load(Ordering::Relaxed)
+        retried
     );
     keys.clean_up().await;
 }

@@ -6,13 +6,14 @@
 //! runs with `RUST_LOG=warn` and its output goes to `gateway.log` in that dir; when a test
 //! fails, the log's tail is printed. `TEST_LOG=1` lets the child log to the terminal instead.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -425,6 +426,71 @@ impl Default for Options {
             destination_secret: None,
         }
     }
+}
+
+/// Every final answer (status, `status` field) to each event's copies, by event id.
+pub type Answers = HashMap<String, Vec<(u16, String)>>;
+
+/// Sends `copies` copies of each signed Stripe event in `ids` from 64 senders (an event's
+/// copies go out together, spread over `ingests`). An answer whose status is in `retry` is
+/// retried as a provider would, after `backoff`, up to `attempts` times; a copy with no final
+/// answer is recorded as status 0. Returns every final answer and how many retries were made.
+pub async fn storm(
+    ingests: &[Ingest],
+    ids: &[String],
+    copies: usize,
+    retry: &'static [u16],
+    attempts: usize,
+    backoff: Duration,
+) -> (Answers, usize) {
+    let answers: Arc<Mutex<Answers>> = Arc::default();
+    let retried = Arc::new(AtomicUsize::new(0));
+    let next = Arc::new(AtomicUsize::new(0));
+    let total = ids.len() * copies;
+    let mut senders = Vec::new();
+    for sender in 0..64 {
+        let (ids, answers, retried, next, ingests) = (
+            ids.to_vec(),
+            answers.clone(),
+            retried.clone(),
+            next.clone(),
+            ingests.to_vec(),
+        );
+        senders.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let id = &ids[i / copies];
+                let ingest = &ingests[(i + sender) % ingests.len()];
+                let body = stripe_invoice_paid(id, 5000);
+                let mut answer = (0, "no final answer".to_owned());
+                for _ in 0..attempts {
+                    let headers = stripe_headers(&body);
+                    match ingest.try_post("stripe", &headers, body.clone()).await {
+                        Ok((status, _)) if retry.contains(&status) => {
+                            retried.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(backoff).await;
+                        }
+                        Ok((status, json)) => {
+                            let verdict = json["status"].as_str().unwrap_or_default();
+                            answer = (status, verdict.to_owned());
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                let mut answers = answers.lock().expect("answers lock");
+                answers.entry(id.clone()).or_default().push(answer);
+            }
+        }));
+    }
+    for sender in senders {
+        sender.await.expect("sender task");
+    }
+    let answers = answers.lock().expect("answers lock").clone();
+    (answers, retried.load(Ordering::Relaxed))
 }
 
 /// A client for `POST /in/{source}`; cheap to clone into sender tasks.
