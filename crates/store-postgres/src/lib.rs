@@ -297,6 +297,24 @@ impl Store for PostgresStore {
             .map_err(map_err)
     }
 
+    /// One transaction (one commit) for the attempt and the next lease.
+    async fn record_attempt_and_lease(
+        &self,
+        result: AttemptResult,
+        now: Timestamp,
+        lease: Duration,
+    ) -> Result<Option<LeasedDelivery>, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(map_err)?;
+        outbox::record_attempt(&mut *tx, &result)
+            .await
+            .map_err(map_err)?;
+        let next = outbox::lease_due(&mut *tx, &result.owner, now, lease, 1)
+            .await
+            .map_err(map_err)?;
+        tx.commit().await.map_err(map_err)?;
+        Ok(next.into_iter().next())
+    }
+
     async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
         outbox::release_leases(self.pool(), owner)
             .await

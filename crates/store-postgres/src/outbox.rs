@@ -27,7 +27,7 @@ use hooklatch_core::headers;
 use crate::{ingest, simple, WORK_CHANNEL};
 
 pub(crate) async fn lease_due(
-    pool: &PgPool,
+    conn: impl sqlx::PgExecutor<'_>,
     owner: &str,
     now: Timestamp,
     lease: Duration,
@@ -59,7 +59,7 @@ pub(crate) async fn lease_due(
     .bind(until.0)
     .bind(now.0)
     .bind(i64::from(limit))
-    .fetch_all(pool)
+    .fetch_all(conn)
     .await?;
     rows.iter()
         .map(|r| {
@@ -109,7 +109,7 @@ static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
 });
 
 pub(crate) async fn record_attempt(
-    pool: &PgPool,
+    conn: impl sqlx::PgExecutor<'_>,
     result: &AttemptResult,
 ) -> Result<(), sqlx::Error> {
     let (state, next_at) = match result.next {
@@ -129,7 +129,7 @@ pub(crate) async fn record_attempt(
         .bind(result.started_at.0)
         .bind(result.status.map(i32::from))
         .bind(i64::try_from(result.latency.as_millis()).unwrap_or(i64::MAX))
-        .execute(pool)
+        .execute(conn)
         .await?;
     Ok(())
 }
