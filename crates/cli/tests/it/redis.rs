@@ -371,3 +371,106 @@ keys = "redis://:hunter2secret@127.0.0.1:{port}/0"
     assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
     assert!(!text.contains("hunter2secret"), "{text}");
 }
+
+/// A Redis server of the test's own on a free port (no persistence), killed on drop.
+struct OwnRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl OwnRedis {
+    async fn start(port: u16) -> OwnRedis {
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server runs (it comes with Redis; .ci/run installs it)");
+        let url = format!("redis://127.0.0.1:{port}");
+        eventually_within(
+            "the test's Redis answers",
+            Duration::from_secs(20),
+            async || {
+                let Ok(client) = redis::Client::open(url.as_str()) else {
+                    return false;
+                };
+                client.get_multiplexed_async_connection().await.is_ok()
+            },
+        )
+        .await;
+        OwnRedis { child, port }
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recovers() {
+    // Needs only the redis-server binary, but runs with the other Redis tests.
+    if Keys::open().await.is_none() {
+        return;
+    }
+    let port = crate::support::free_port();
+    let mut own = OwnRedis::start(port).await;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let options = Options {
+        extra_env: vec![(
+            "HOOKLATCH_STORE__KEYS".to_owned(),
+            format!("redis://127.0.0.1:{}", own.port),
+        )],
+        ..Options::default()
+    };
+    let gateway = Gateway::start_with(&handler, options).await;
+    let post = async |id: &str| {
+        let body = stripe_invoice_paid(id, 5000);
+        let res = gateway
+            .ingest()
+            .send("stripe", &stripe_headers(&body), body)
+            .await
+            .expect("POST");
+        let status = res.status().as_u16();
+        let retry_after = res
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
+        let json: serde_json::Value = res.json().await.unwrap_or_default();
+        (status, retry_after, json)
+    };
+    let (status, _, json) = post("evt_before_outage").await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("accepted")));
+
+    own.stop();
+    let (status, retry_after, json) = post("evt_during_outage").await;
+    assert_eq!(status, 503, "{json}");
+    assert_eq!(json["code"], "key_store_unavailable", "{json}");
+    assert!(retry_after.is_some(), "a 503 says when to retry");
+    let (status, _) = gateway.admin_get("/readyz").await;
+    assert_eq!(status, 503, "/readyz reports the key store");
+    let rejected = gateway.requests("verdict=rejected").await;
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert_eq!(rejected[0]["reason"], "key_store_unavailable");
+    assert_eq!(rejected[0]["status"], 503);
+
+    // Redis is back (empty: it kept nothing): the provider's retry is accepted.
+    let _own = OwnRedis::start(port).await;
+    eventually_within(
+        "the retry is accepted once Redis is back",
+        Duration::from_secs(30),
+        async || post("evt_during_outage").await.0 == 200,
+    )
+    .await;
+    wait_until_within("both events forwarded", Duration::from_secs(30), || {
+        handler.count_for("stripe:evt_before_outage") == 1
+            && handler.count_for("stripe:evt_during_outage") == 1
+    })
+    .await;
+}
