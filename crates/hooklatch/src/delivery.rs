@@ -112,7 +112,9 @@ impl Worker {
             if leased_all && in_flight.len() < this.concurrency {
                 continue;
             }
-            let sleep = this.time_to_next_due(leased_all).await;
+            // With every task busy there is nothing to lease until one finishes (and a busy
+            // task leases its own next delivery): no need to ask the store when work is due.
+            let sleep = this.time_to_next_due(leased_all || free == 0).await;
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = this.enqueued.notified() => {}

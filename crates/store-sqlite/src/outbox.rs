@@ -14,6 +14,19 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use hooklatch_core::headers;
 
+/// Leases up to `?4` due rows to `?1` until `?2` (`?3` = now). `INDEXED BY`: left to itself
+/// SQLite picks `deliveries_state` and sorts every pending row (the whole backlog) on each
+/// lease; the partial due index walks from the earliest due row and stops after `?4` unleased
+/// ones (a test checks the plan).
+const LEASE_DUE: &str = "UPDATE deliveries SET lease_owner = ?1, lease_until = ?2
+    WHERE id IN (
+       SELECT id FROM deliveries INDEXED BY deliveries_due
+       WHERE state = 'pending' AND next_attempt_at <= ?3
+         AND (lease_until IS NULL OR lease_until <= ?3)
+       ORDER BY next_attempt_at LIMIT ?4)
+    RETURNING id, request_id, source, event_key, event_type, destination, idempotency_key,
+         attempts, round_started_at";
+
 pub(crate) fn lease_due(
     conn: &Connection,
     owner: &str,
@@ -22,16 +35,7 @@ pub(crate) fn lease_due(
     limit: u32,
 ) -> rusqlite::Result<Vec<LeasedDelivery>> {
     let until = now.plus(lease);
-    let mut stmt = conn.prepare_cached(
-        "UPDATE deliveries SET lease_owner = ?1, lease_until = ?2
-         WHERE id IN (
-            SELECT id FROM deliveries
-            WHERE state = 'pending' AND next_attempt_at <= ?3
-              AND (lease_until IS NULL OR lease_until <= ?3)
-            ORDER BY next_attempt_at LIMIT ?4)
-         RETURNING id, request_id, source, event_key, event_type, destination, idempotency_key,
-                   attempts, round_started_at",
-    )?;
+    let mut stmt = conn.prepare_cached(LEASE_DUE)?;
     let rows = stmt
         .query_map(params![owner, until.0, now.0, limit], |r| {
             Ok(LeasedDelivery {
@@ -211,4 +215,31 @@ pub(crate) fn redeliver(
         }
     }
     Ok(Redelivery::Queued(queued))
+}
+
+#[cfg(test)]
+mod tests {
+    use rusqlite::Connection;
+
+    use super::LEASE_DUE;
+
+    #[test]
+    fn leasing_walks_the_due_index_and_sorts_nothing() {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        crate::schema::migrate(&conn).expect("the schema");
+        let mut plan = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {LEASE_DUE}"))
+            .expect("the lease statement prepares");
+        let steps: Vec<String> = plan
+            .query_map(rusqlite::params!["w", 2, 1, 8], |r| r.get(3))
+            .expect("a plan")
+            .collect::<rusqlite::Result<_>>()
+            .expect("plan rows");
+        let plan = steps.join("\n");
+        assert!(plan.contains("USING INDEX deliveries_due"), "{plan}");
+        assert!(
+            !plan.contains("TEMP B-TREE"),
+            "a lease must not sort the backlog: {plan}"
+        );
+    }
 }
