@@ -3,7 +3,9 @@
 //!
 //! One dispatcher loop leases due rows (up to the free concurrency), spawns one task per
 //! delivery, and sleeps until woken by a new event, the next due time, a finished task or the
-//! poll interval. Each attempt sends the original body byte-exact with the original headers,
+//! poll interval. A task that finishes an attempt records it and leases its next due row in
+//! one store write, and goes on while there is work, so a busy worker costs one store round
+//! trip per delivery. Each attempt sends the original body byte-exact with the original headers,
 //! plus `Idempotency-Key` (the same on every attempt) and, when the destination has a secret,
 //! a Standard Webhooks signature. 2xx is success; anything else, a redirect included, is a
 //! failure retried by the destination's [`RetryPolicy`](hooklatch_core::RetryPolicy).
