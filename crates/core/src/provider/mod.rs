@@ -224,6 +224,15 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Called before [`verify`](Self::verify): an unsigned probe the provider sends by design
+    /// (Slack's slash-command `ssl_check=1`) is answered with this reply and recorded as a
+    /// handshake — nothing else: no claim, no delivery, none of its fields used. `None`: verify
+    /// as usual.
+    fn unsigned_probe(&self, req: &InboundRequest<'_>) -> Option<ProviderReply> {
+        let _ = req;
+        None
+    }
+
     /// Called after [`verify`](Self::verify) succeeded and before anything is stored: a
     /// verified request that is a handshake, not an event (Slack `url_verification`, Discord
     /// PING), is answered with this reply and claims nothing. `None`: an event.

@@ -203,6 +203,16 @@ impl ProviderAdapter for Slack {
         Some(ProviderReply::json(&json!({ "challenge": challenge })))
     }
 
+    /// Slack checks a slash command's certificate with an unsigned form post carrying
+    /// `ssl_check=1`; it only wants a 200. Nothing else in such a request is looked at.
+    fn unsigned_probe(&self, req: &InboundRequest<'_>) -> Option<ProviderReply> {
+        if is_json(req.body) {
+            return None;
+        }
+        let ssl_check = form_urlencoded::parse(req.body).any(|(k, v)| k == "ssl_check" && v == "1");
+        ssl_check.then(empty_ok)
+    }
+
     /// Interactivity and slash commands get an empty 200: Slack would post any other body to
     /// the user as a message (slash commands) or refuse it (modal submissions). Events API
     /// deliveries get hooklatch's JSON, which Slack ignores.
@@ -210,11 +220,16 @@ impl ProviderAdapter for Slack {
         if is_json(req.body) {
             return None;
         }
-        Some(ProviderReply {
-            status: 200,
-            content_type: "text/plain; charset=utf-8",
-            body: Vec::new(),
-        })
+        Some(empty_ok())
+    }
+}
+
+/// An empty 200, the answer Slack wants to everything but Events API deliveries.
+fn empty_ok() -> ProviderReply {
+    ProviderReply {
+        status: 200,
+        content_type: "text/plain; charset=utf-8",
+        body: Vec::new(),
     }
 }
 
@@ -736,5 +751,20 @@ mod tests {
                 Err(Rejection::InvalidSignature)
             );
         }
+    }
+
+    #[test]
+    fn an_unsigned_ssl_check_is_a_probe_and_nothing_else_is() {
+        let none = HeaderMap::new();
+        let probe =
+            |body: &'static [u8]| Slack::default().unsigned_probe(&request_at(NOW, &none, body));
+        let reply = probe(b"ssl_check=1&token=XXYYZZ").expect("ssl_check=1 is a probe");
+        assert_eq!((reply.status, reply.body.as_slice()), (200, &b""[..]));
+        assert!(probe(b"ssl_check=0&token=XXYYZZ").is_none());
+        assert!(probe(VECTOR_BODY).is_none(), "a slash command is verified");
+        assert!(
+            probe(br#"{"ssl_check":"1"}"#).is_none(),
+            "JSON is never a probe"
+        );
     }
 }

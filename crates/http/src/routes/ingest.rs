@@ -81,6 +81,9 @@ async fn ingest(
         body: &record.body,
         now: record.received_at,
     };
+    if let Some(reply) = source.adapter.unsigned_probe(&inbound) {
+        return handshake(&state, record, &metric_source, reply).await;
+    }
     if let Err(rejection) = source
         .adapter
         .verify(&inbound, &source.secrets, source.tolerance)
