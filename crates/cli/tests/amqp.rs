@@ -672,19 +672,68 @@ impl Drop for Consumer {
 
 /// Starts a gateway whose AMQP destination declares `exchange` and a durable `queue` bound to
 /// it with `payment.confirmed`.
-async fn gateway_for_tickets(url: &str, exchange: &str, queue: &str) -> (Handler, Gateway) {
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let gw = Gateway::start_with(
-        &handler,
-        options(
-            url,
-            &format!(
-                "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+/// The payment → ticket flow of one test: its own database, exchange and queue, and a gateway
+/// publishing Stripe payments to them.
+struct TicketFlow {
+    url: String,
+    db: TestDb,
+    broker: Broker,
+    queue: String,
+    _handler: Handler,
+    gw: Gateway,
+}
+
+impl TicketFlow {
+    async fn start(url: &str, pg: &str, name: &str) -> TicketFlow {
+        let db = TestDb::create(pg).await;
+        let mut broker = Broker::connect(url).await;
+        let exchange = format!("hooklatch-e2e-x-{}", unique(name));
+        let queue = format!("hooklatch-e2e-q-{}", unique(name));
+        broker.owns(&exchange, &queue);
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let gw = Gateway::start_with(
+            &handler,
+            options(
+                url,
+                &format!(
+                    "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+                ),
             ),
-        ),
-    )
-    .await;
-    (handler, gw)
+        )
+        .await;
+        TicketFlow {
+            url: url.to_owned(),
+            db,
+            broker,
+            queue,
+            _handler: handler,
+            gw,
+        }
+    }
+
+    async fn consumer(&self, exit_after_commit: bool) -> Consumer {
+        Consumer::start(&self.url, &self.queue, &self.db.url(), exit_after_commit).await
+    }
+
+    /// Exactly one ticket, for `key`, and nothing left unacked in the queue; then cleans up.
+    async fn finish_with_one_ticket(self, key: &str) {
+        assert_eq!(self.db.tickets().await, 1, "exactly one ticket");
+        assert_eq!(
+            self.db.ticket_rows().await,
+            vec![(ORDER_ID.to_owned(), key.to_owned())]
+        );
+        // A stopped consumer's unacked message would be back in the queue.
+        assert!(
+            self.broker
+                .get_within(&self.queue, Duration::from_secs(1))
+                .await
+                .is_none(),
+            "a message left in the queue after the consumer acked"
+        );
+        drop(self.gw);
+        self.broker.clean_up().await;
+        self.db.drop_now().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -692,12 +741,8 @@ async fn one_payment_sent_42_times_issues_one_ticket_through_rabbitmq_and_the_gu
     let Some(url) = broker_url() else { return };
     let _broker_up = BROKER.read().await;
     let Some(pg) = postgres_url() else { return };
-    let db = TestDb::create(&pg).await;
-    let mut broker = Broker::connect(&url).await;
-    let exchange = format!("hooklatch-e2e-x-{}", unique("ticket"));
-    let queue = format!("hooklatch-e2e-q-{}", unique("ticket"));
-    broker.owns(&exchange, &queue);
-    let (_handler, gw) = gateway_for_tickets(&url, &exchange, &queue).await;
+    let flow = TicketFlow::start(&url, &pg, "ticket").await;
+    let gw = &flow.gw;
 
     // 10 sequential + 32 concurrent copies of one payment.
     let event = unique("evt");
@@ -721,7 +766,7 @@ async fn one_payment_sent_42_times_issues_one_ticket_through_rabbitmq_and_the_gu
     let key = format!("stripe:{event}");
     gw.wait_for_delivery_state(&key, "delivered").await;
 
-    let mut consumer = Consumer::start(&url, &queue, &db.url(), false).await;
+    let mut consumer = flow.consumer(false).await;
     consumer
         .wait_for_line("the payment consumed", |l| l.starts_with("new "))
         .await;
@@ -732,24 +777,8 @@ async fn one_payment_sent_42_times_issues_one_ticket_through_rabbitmq_and_the_gu
         "exactly one message, consumed as new\n{}",
         consumer.output()
     );
-    assert_eq!(db.tickets().await, 1, "exactly one ticket");
-    assert_eq!(
-        db.ticket_rows().await,
-        vec![(ORDER_ID.to_owned(), key.clone())]
-    );
-    // It was acked: a stopped consumer's unacked message would be back in the queue.
-    assert!(
-        broker
-            .get_within(&queue, Duration::from_secs(1))
-            .await
-            .is_none(),
-        "a message left in the queue after the consumer acked"
-    );
-
     drop(consumer);
-    drop(gw);
-    broker.clean_up().await;
-    db.drop_now().await;
+    flow.finish_with_one_ticket(&key).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -758,12 +787,8 @@ async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_
     let Some(url) = broker_url() else { return };
     let _broker_up = BROKER.read().await;
     let Some(pg) = postgres_url() else { return };
-    let db = TestDb::create(&pg).await;
-    let mut broker = Broker::connect(&url).await;
-    let exchange = format!("hooklatch-e2e-x-{}", unique("crash"));
-    let queue = format!("hooklatch-e2e-q-{}", unique("crash"));
-    broker.owns(&exchange, &queue);
-    let (_handler, gw) = gateway_for_tickets(&url, &exchange, &queue).await;
+    let flow = TicketFlow::start(&url, &pg, "crash").await;
+    let gw = &flow.gw;
 
     let event = unique("evt");
     let body = stripe_invoice_paid(&event, 4200);
@@ -775,7 +800,7 @@ async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_
     gw.wait_for_delivery_state(&key, "delivered").await;
 
     // The work commits, then the process exits before the ack.
-    let mut crashing = Consumer::start(&url, &queue, &db.url(), true).await;
+    let mut crashing = flow.consumer(true).await;
     let status = crashing.wait_exit().await;
     assert_eq!(status.code(), Some(3), "{}", crashing.output());
     wait_until("the crashed consumer's stdout is read", || {
@@ -789,13 +814,13 @@ async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_
         crashing.output()
     );
     assert_eq!(
-        db.tickets().await,
+        flow.db.tickets().await,
         1,
         "the ticket committed before the crash"
     );
 
     // The broker redelivers the unacked message; the guard finds the key: acked, no ticket.
-    let mut consumer = Consumer::start(&url, &queue, &db.url(), false).await;
+    let mut consumer = flow.consumer(false).await;
     consumer
         .wait_for_line("the redelivered message handled", |_| true)
         .await;
@@ -806,23 +831,8 @@ async fn a_consumer_killed_between_the_ticket_and_the_ack_gets_a_redelivery_and_
         "{}",
         consumer.output()
     );
-    assert_eq!(db.tickets().await, 1, "still exactly one ticket");
-    assert_eq!(
-        db.ticket_rows().await,
-        vec![(ORDER_ID.to_owned(), key.clone())]
-    );
-    assert!(
-        broker
-            .get_within(&queue, Duration::from_secs(1))
-            .await
-            .is_none(),
-        "the redelivered duplicate was not acked"
-    );
-
     drop(consumer);
-    drop(gw);
-    broker.clean_up().await;
-    db.drop_now().await;
+    flow.finish_with_one_ticket(&key).await;
 }
 
 // ---------------------------------------------------------------------------------------------
