@@ -45,10 +45,8 @@ pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<Ing
     let outcome = IngestOutcome { request_id, claims };
     let verdict = outcome.verdict();
     if verdict != Verdict::Accepted {
-        conn.execute(
-            "UPDATE requests SET verdict = ?1 WHERE id = ?2",
-            params![verdict.as_str(), request_id.0],
-        )?;
+        conn.prepare_cached("UPDATE requests SET verdict = ?1 WHERE id = ?2")?
+            .execute(params![verdict.as_str(), request_id.0])?;
     }
     Ok(outcome)
 }

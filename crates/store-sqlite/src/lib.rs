@@ -164,6 +164,14 @@ fn open_connection(path: &Path, read_only: bool) -> Result<Connection, StoreErro
         .map_err(map_err)?;
     conn.pragma_update(None, "foreign_keys", "ON")
         .map_err(map_err)?;
+    // Each job in a group commit runs in a savepoint, and SQLite keeps the pages a savepoint
+    // may have to roll back in a sub-journal: a temp file by default, i.e. a write system call
+    // per page per job (15 % of the gateway's time at full load). In memory it is a copy. The
+    // commit itself still goes to the WAL and is fsynced; nothing durable lives in temp.
+    conn.pragma_update(None, "temp_store", "MEMORY")
+        .map_err(map_err)?;
+    // The hot statements (ingest, lease, attempt, the savepoints) all stay prepared.
+    conn.set_prepared_statement_cache_capacity(64);
     let sync: i64 = conn
         .pragma_query_value(None, "synchronous", |r| r.get(0))
         .map_err(map_err)?;

@@ -66,54 +66,50 @@ pub(crate) fn lease_due(
 }
 
 pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusqlite::Result<()> {
+    // The attempt counts in the numbering even when it may not move the delivery.
     let number: Option<i64> = conn
-        .query_row(
-            "SELECT total_attempts + 1 FROM deliveries WHERE id = ?1",
-            [result.delivery.0],
-            |r| r.get(0),
-        )
+        .prepare_cached(
+            "UPDATE deliveries SET total_attempts = total_attempts + 1 WHERE id = ?1
+             RETURNING total_attempts",
+        )?
+        .query_row([result.delivery.0], |r| r.get(0))
         .optional()?;
     // A delivery purged meanwhile has nothing to record against.
     let Some(number) = number else {
         return Ok(());
     };
-    conn.execute(
+    conn.prepare_cached(
         "INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
-            result.delivery.0,
-            number,
-            result.started_at.0,
-            result.status,
-            result.latency.as_millis() as i64,
-            result.error
-        ],
-    )?;
-    // The attempt counts in the numbering even when it may not move the delivery.
-    conn.execute(
-        "UPDATE deliveries SET total_attempts = ?2 WHERE id = ?1",
-        params![result.delivery.0, number],
-    )?;
+    )?
+    .execute(params![
+        result.delivery.0,
+        number,
+        result.started_at.0,
+        result.status,
+        result.latency.as_millis() as i64,
+        result.error
+    ])?;
     let (state, next_at) = match result.next {
         AttemptNext::Delivered => (DeliveryState::Delivered, None),
         AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
         AttemptNext::DeadLetter => (DeliveryState::Dead, None),
     };
     let now = result.started_at.plus(result.latency);
-    conn.execute(
+    conn.prepare_cached(
         "UPDATE deliveries SET state = ?2, attempts = attempts + 1,
             next_attempt_at = COALESCE(?3, next_attempt_at), lease_owner = NULL, lease_until = NULL,
             last_error = COALESCE(?4, last_error), updated_at = ?5
          WHERE id = ?1 AND state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?6)",
-        params![
-            result.delivery.0,
-            state.as_str(),
-            next_at,
-            result.error,
-            now.0,
-            result.owner
-        ],
-    )?;
+    )?
+    .execute(params![
+        result.delivery.0,
+        state.as_str(),
+        next_at,
+        result.error,
+        now.0,
+        result.owner
+    ])?;
     Ok(())
 }
 

@@ -92,7 +92,7 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
     }
     let mut replies: Vec<Reply> = Vec::with_capacity(batch.len());
     for job in batch.drain(..) {
-        if let Err(err) = conn.execute_batch("SAVEPOINT job") {
+        if let Err(err) = exec_cached(conn, "SAVEPOINT job") {
             let err = map_err(err);
             replies.push(Box::new(move |_| drop(err)));
             continue;
@@ -129,11 +129,11 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
             continue;
         }
         let end = if outcome.is_ok() {
-            "RELEASE job"
+            exec_cached(conn, "RELEASE job")
         } else {
-            "ROLLBACK TO job; RELEASE job"
+            exec_cached(conn, "ROLLBACK TO job").and_then(|()| exec_cached(conn, "RELEASE job"))
         };
-        if let Err(err) = conn.execute_batch(end) {
+        if let Err(err) = end {
             tracing::warn!(err = %map_err(err), "sqlite: closing a savepoint failed");
         }
         replies.push(reply);
@@ -146,4 +146,11 @@ fn commit_batch(conn: &Connection, batch: &mut Vec<Job>) {
     for reply in replies {
         reply(commit.clone());
     }
+}
+
+/// Runs a statement from the connection's prepared-statement cache: the savepoints around each
+/// job are two statements per job, too many to parse each time.
+fn exec_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
 }
