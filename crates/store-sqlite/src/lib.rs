@@ -11,9 +11,11 @@
 //! back whole. Reads use a small pool of separate connections, which WAL lets run beside the
 //! writer.
 //!
-//! Layout: [`schema`] creates and migrates tables; [`writer`] is the group-commit thread;
+//! Layout: [`schema`] creates and migrates tables; [`writer`] is the group-commit thread and
+//! `checkpoint` the thread that copies its WAL pages into the database file;
 //! `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`].
 
+mod checkpoint;
 mod history;
 mod ingest;
 mod outbox;
@@ -32,6 +34,7 @@ use hooklatch_core::store::{
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use rusqlite::{Connection, OpenFlags};
 
+use crate::checkpoint::Checkpointer;
 use crate::writer::Writer;
 
 /// How to open the store.
@@ -115,7 +118,9 @@ impl SqliteStore {
                 .map_err(map_err)?;
         }
         schema::migrate(&conn).map_err(map_err)?;
-        let writer = Writer::start(conn, opts.max_batch.max(1))?;
+        checkpoint::configure_writer(&conn).map_err(map_err)?;
+        let checkpointer = Checkpointer::start(open_connection(&opts.path, false)?)?;
+        let writer = Writer::start(conn, opts.max_batch.max(1), checkpointer)?;
         let readers = Arc::new(ReaderPool {
             path: opts.path.clone(),
             idle: Mutex::new(Vec::new()),

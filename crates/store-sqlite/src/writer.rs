@@ -17,6 +17,7 @@ use hooklatch_core::StoreError;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use crate::checkpoint::Checkpointer;
 use crate::map_err;
 
 type Reply = Box<dyn FnOnce(Result<(), StoreError>) + Send>;
@@ -31,11 +32,15 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    pub(crate) fn start(conn: Connection, max_batch: usize) -> Result<Writer, StoreError> {
+    pub(crate) fn start(
+        conn: Connection,
+        max_batch: usize,
+        checkpointer: Checkpointer,
+    ) -> Result<Writer, StoreError> {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("hooklatch-sqlite-writer".to_owned())
-            .spawn(move || run_loop(conn, rx, max_batch))
+            .spawn(move || run_loop(conn, rx, max_batch, checkpointer))
             .map_err(|e| StoreError::Unavailable(format!("starting sqlite writer: {e}")))?;
         Ok(Writer { jobs })
     }
@@ -66,7 +71,13 @@ impl Writer {
     }
 }
 
-fn run_loop(conn: Connection, rx: mpsc::Receiver<Job>, max_batch: usize) {
+/// Ends when the last handle drops; the checkpointer then runs a last checkpoint and ends too.
+fn run_loop(
+    conn: Connection,
+    rx: mpsc::Receiver<Job>,
+    max_batch: usize,
+    checkpointer: Checkpointer,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
     while let Ok(first) = rx.recv() {
         batch.push(first);
@@ -77,6 +88,7 @@ fn run_loop(conn: Connection, rx: mpsc::Receiver<Job>, max_batch: usize) {
             }
         }
         commit_batch(&conn, &mut batch);
+        checkpointer.committed();
     }
 }
 
