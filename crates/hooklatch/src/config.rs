@@ -121,6 +121,9 @@ impl std::fmt::Debug for KeySettings {
 /// Delivery worker settings.
 #[derive(Debug, Clone)]
 pub struct DeliverySettings {
+    /// Whether this instance delivers. Off: it ingests and queues only, and another instance
+    /// on the same store delivers (or this one, once restarted with it on).
+    pub enabled: bool,
     /// Deliveries in flight at once.
     pub concurrency: usize,
     /// Idle poll interval.
@@ -233,6 +236,7 @@ struct RawStore {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawDelivery {
+    enabled: bool,
     concurrency: i64,
     poll_interval: Value,
     timeout: Value,
@@ -664,6 +668,7 @@ fn resolve(
         log_format,
         store,
         delivery: DeliverySettings {
+            enabled: d.enabled,
             concurrency,
             poll_interval: positive("delivery.poll_interval", &d.poll_interval)?,
         },

@@ -286,7 +286,14 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         stop_serving.clone(),
         grace,
     ));
-    tasks.spawn(worker.run(stop_serving.clone(), grace));
+    if settings.delivery.enabled {
+        tasks.spawn(worker.run(stop_serving.clone(), grace));
+    } else {
+        tracing::warn!(
+            "delivery is off in this instance ([delivery] enabled = false): events are queued, \
+             and delivered only by an instance on the same store with delivery on"
+        );
+    }
     tasks.spawn(maintenance::run(
         store.clone(),
         settings.store.clone(),

@@ -351,3 +351,63 @@ async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
     drop(gateway);
     db.drop_now().await;
 }
+
+/// Ingest and delivery on separate instances: one with `[delivery] enabled = false` verifies,
+/// claims and queues, and attempts nothing; a second instance on the same database delivers
+/// what the first queued, each event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_only_instance_queues_and_another_instance_delivers() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let front = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            deliver: false,
+            ..Options::default()
+        },
+    )
+    .await;
+    const EVENTS: usize = 40;
+    let ids: Vec<String> = (0..EVENTS).map(|_| unique("evt_pg_split")).collect();
+    for id in &ids {
+        let body = stripe_invoice_paid(id, 1200);
+        let (status, json) = front.post("stripe", &stripe_headers(&body), body).await;
+        assert_eq!((status, json["status"].as_str()), (200, Some("accepted")));
+    }
+    // Bounded look for a delivery that must not happen: the ingest-only instance's workers
+    // would have taken these within its 100 ms poll interval.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    assert_eq!(handler.total(), 0, "an ingest-only instance delivered");
+    let pending = front.deliveries("state=pending").await;
+    assert_eq!(pending.len(), EVENTS);
+    assert!(pending.iter().all(|d| d["attempts"] == 0), "{pending:?}");
+
+    let back = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            ..Options::default()
+        },
+    )
+    .await;
+    wait_until_within(
+        "the other instance delivers",
+        Duration::from_secs(60),
+        || handler.distinct_keys().len() == EVENTS,
+    )
+    .await;
+    eventually_within(
+        "nothing left pending",
+        Duration::from_secs(30),
+        async || front.deliveries("state=pending").await.is_empty(),
+    )
+    .await;
+    for id in &ids {
+        assert_eq!(handler.count_for(&format!("stripe:{id}")), 1, "{id}");
+    }
+    drop((front, back));
+    db.drop_now().await;
+}

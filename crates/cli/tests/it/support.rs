@@ -405,6 +405,8 @@ pub struct Options {
     pub log_level: &'static str,
     /// The destination's `secret` (hooklatch then signs what it delivers).
     pub destination_secret: Option<&'static str>,
+    /// `delivery.enabled`: false makes an ingest-only instance.
+    pub deliver: bool,
 }
 
 impl Default for Options {
@@ -424,6 +426,7 @@ impl Default for Options {
             body_timeout: "60s",
             log_level: "warn",
             destination_secret: None,
+            deliver: true,
         }
     }
 }
@@ -631,6 +634,7 @@ shutdown_grace = "5s"
 url = "{store_url}"
 
 [delivery]
+enabled = {deliver}
 concurrency = 16
 poll_interval = "100ms"
 
@@ -658,6 +662,7 @@ jitter = {jitter:?}
 {extra}
 "#,
             extra = o.extra_config,
+            deliver = o.deliver,
             header_timeout = o.header_timeout,
             body_timeout = o.body_timeout,
             destination_secret = o
