@@ -12,6 +12,9 @@ use clap::{Parser, Subcommand};
 use hooklatch::admin::{AdminClient, HistoryFilter, DEFAULT_ADMIN_URL};
 use hooklatch::check::{CheckInput, CheckOptions};
 use hooklatch::config::{self, LogFormat, Settings};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use hooklatch::effect::EffectProbe;
 use hooklatch::replay::{ReplayOptions, SignMode, Signer, Target};
 use hooklatch_core::Timestamp;
