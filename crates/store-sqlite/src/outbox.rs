@@ -14,18 +14,32 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use hooklatch_core::headers;
 
-/// Leases up to `?4` due rows to `?1` until `?2` (`?3` = now). `INDEXED BY`: left to itself
-/// SQLite picks `deliveries_state` and sorts every pending row (the whole backlog) on each
-/// lease; the partial due index walks from the earliest due row and stops after `?4` unleased
-/// ones (a test checks the plan).
-const LEASE_DUE: &str = "UPDATE deliveries SET lease_owner = ?1, lease_until = ?2
+/// When a pending row can next be taken: its due time, or the end of its lease if later. The
+/// `deliveries_ready` index is on exactly this expression, and SQLite uses an expression index
+/// only where a statement spells the expression the same way, hence one spelling.
+macro_rules! ready_at {
+    () => {
+        "MAX(next_attempt_at, COALESCE(lease_until, 0))"
+    };
+}
+
+/// Leases up to `?4` takeable rows to `?1` until `?2` (`?3` = now), earliest first.
+/// `INDEXED BY`: left to itself SQLite may pick `deliveries_state` and sort every pending row
+/// (the whole backlog) on each lease; the ready index starts at the earliest takeable row and
+/// stops after `?4`, and rows under a live lease sort after `now`, so none is stepped over (a
+/// test checks the plan).
+const LEASE_DUE: &str = concat!(
+    "UPDATE deliveries SET lease_owner = ?1, lease_until = ?2
     WHERE id IN (
-       SELECT id FROM deliveries INDEXED BY deliveries_due
-       WHERE state = 'pending' AND next_attempt_at <= ?3
-         AND (lease_until IS NULL OR lease_until <= ?3)
-       ORDER BY next_attempt_at LIMIT ?4)
+       SELECT id FROM deliveries INDEXED BY deliveries_ready
+       WHERE state = 'pending' AND ",
+    ready_at!(),
+    " <= ?3 ORDER BY ",
+    ready_at!(),
+    " LIMIT ?4)
     RETURNING id, request_id, source, event_key, event_type, destination, idempotency_key,
-         attempts, round_started_at";
+         attempts, round_started_at"
+);
 
 pub(crate) fn lease_due(
     conn: &Connection,
@@ -122,15 +136,21 @@ pub(crate) fn release_leases(conn: &Connection, owner: &str) -> rusqlite::Result
     Ok(())
 }
 
+/// The earliest time a pending row can be taken: one probe of the ready index.
 pub(crate) fn next_due(conn: &Connection) -> rusqlite::Result<Option<Timestamp>> {
-    conn.query_row(
-        "SELECT MIN(MAX(next_attempt_at, COALESCE(lease_until, 0)))
-         FROM deliveries WHERE state = 'pending'",
-        [],
-        |r| r.get::<_, Option<i64>>(0),
-    )
-    .map(|v| v.map(Timestamp))
+    conn.prepare_cached(NEXT_DUE)?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .optional()
+        .map(|v| v.map(Timestamp))
 }
+
+const NEXT_DUE: &str = concat!(
+    "SELECT ",
+    ready_at!(),
+    " FROM deliveries INDEXED BY deliveries_ready WHERE state = 'pending' ORDER BY ",
+    ready_at!(),
+    " LIMIT 1"
+);
 
 pub(crate) fn redrive(
     conn: &Connection,
@@ -217,25 +237,42 @@ pub(crate) fn redeliver(
 mod tests {
     use rusqlite::Connection;
 
-    use super::LEASE_DUE;
+    use super::{LEASE_DUE, NEXT_DUE};
 
-    #[test]
-    fn leasing_walks_the_due_index_and_sorts_nothing() {
+    fn plan(sql: &str, params: impl rusqlite::Params) -> String {
         let conn = Connection::open_in_memory().expect("an in-memory database");
         crate::schema::migrate(&conn).expect("the schema");
         let mut plan = conn
-            .prepare(&format!("EXPLAIN QUERY PLAN {LEASE_DUE}"))
-            .expect("the lease statement prepares");
+            .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+            .expect("the statement prepares");
         let steps: Vec<String> = plan
-            .query_map(rusqlite::params!["w", 2, 1, 8], |r| r.get(3))
+            .query_map(params, |r| r.get(3))
             .expect("a plan")
             .collect::<rusqlite::Result<_>>()
             .expect("plan rows");
-        let plan = steps.join("\n");
-        assert!(plan.contains("USING INDEX deliveries_due"), "{plan}");
+        steps.join("\n")
+    }
+
+    #[test]
+    fn leasing_walks_the_ready_index_and_sorts_nothing() {
+        let plan = plan(LEASE_DUE, rusqlite::params!["w", 2, 1, 8]);
+        assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
         assert!(
             !plan.contains("TEMP B-TREE"),
             "a lease must not sort the backlog: {plan}"
         );
+    }
+
+    #[test]
+    fn the_next_due_time_is_one_index_probe() {
+        let plan = plan(NEXT_DUE, []);
+        assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    }
+
+    #[test]
+    fn the_index_is_on_the_expression_the_statements_use() {
+        let schema = crate::schema::MIGRATIONS.concat();
+        assert!(schema.contains(concat!("deliveries (", ready_at!(), ")")));
     }
 }
