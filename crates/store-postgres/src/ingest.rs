@@ -61,14 +61,28 @@ pub(crate) async fn ingest(
         .iter()
         .map(|e| e.key.as_str().to_owned())
         .collect();
-    let request_id =
-        insert_request(conn, &ingest.request, Verdict::Accepted, None, 200, &keys).await?;
+    let mut claimed: Vec<Option<Claimed>> = vec![None; ingest.events.len()];
+    let request_id = match (ingest.events.as_slice(), &ingest.keys) {
+        // The common case, one event claimed here: one round trip when the claim is new.
+        ([event], KeyDecision::Store) => {
+            let (request_id, deliveries) = insert_and_claim(conn, ingest, event, &keys).await?;
+            if let Some(deliveries) = deliveries {
+                return Ok(IngestOutcome {
+                    request_id,
+                    claims: vec![(event.key.clone(), Claim::New { deliveries })],
+                });
+            }
+            // Held by another request: the general path below reads it (or replaces it if
+            // it has expired).
+            request_id
+        }
+        _ => insert_request(conn, &ingest.request, Verdict::Accepted, None, 200, &keys).await?,
+    };
     // Keys are claimed in key order, the same order in every batch and on every instance, so
     // two transactions claiming overlapping keys wait for each other instead of deadlocking.
     // Deliveries are then queued, and answers given, in event order (as SQLite does).
     let mut order: Vec<usize> = (0..ingest.events.len()).collect();
     order.sort_by_key(|&i| ingest.events[i].key.as_str());
-    let mut claimed: Vec<Option<Claimed>> = vec![None; ingest.events.len()];
     for i in order {
         claimed[i] = Some(match &ingest.keys {
             // An external key store decided; an event it said nothing about is claimed here.
@@ -97,6 +111,71 @@ pub(crate) async fn ingest(
             .await?;
     }
     Ok(outcome)
+}
+
+/// Records a one-event request, claims its key and, when the claim is new, queues its
+/// deliveries, in one statement (one round trip instead of three). `None`: another request
+/// holds the key (the insert did nothing, and waited first if that request had not
+/// committed); the request is recorded either way.
+async fn insert_and_claim(
+    conn: &mut PgConnection,
+    ingest: &Ingest,
+    event: &NewEvent,
+    keys: &[String],
+) -> Result<(RequestId, Option<Vec<DeliveryId>>), sqlx::Error> {
+    let request = &ingest.request;
+    let now = request.received_at;
+    let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
+    let row = sqlx::query(
+        "WITH r AS (
+            INSERT INTO requests (received_at, source, method, path, peer, headers, body,
+                body_truncated, verdict, reason, status, keys)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'accepted', NULL, 200, $9)
+            RETURNING id),
+         k AS (
+            INSERT INTO request_keys (key, request_id)
+            SELECT DISTINCT u.key, r.id FROM r, unnest($9::text[]) AS u (key)
+            ON CONFLICT DO NOTHING),
+         c AS (
+            INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+            SELECT $10, $11, $12, r.id, $1, $13 FROM r
+            ON CONFLICT (source, key) DO NOTHING
+            RETURNING request_id),
+         d AS (
+            INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+                idempotency_key, state, received_at, round_started_at, next_attempt_at,
+                updated_at)
+            SELECT c.request_id, $10, $11, $14, x.destination, $15, 'pending', $1, $1, $1, $1
+            FROM c, unnest($16::text[]) WITH ORDINALITY AS x (destination, n)
+            ORDER BY x.n
+            RETURNING id)
+         SELECT r.id, EXISTS (SELECT 1 FROM c), ARRAY(SELECT id FROM d ORDER BY id) FROM r",
+    )
+    .bind(now.0)
+    .bind(text(&request.source))
+    .bind(text(&request.method))
+    .bind(text(&request.path))
+    .bind(request.peer.as_deref().map(text))
+    .bind(headers::encode(&request.headers))
+    .bind(&request.body[..])
+    .bind(request.body_truncated)
+    .bind(keys)
+    .bind(ingest.source.as_str())
+    .bind(event.key.as_str())
+    .bind(&ingest.body_sha256[..])
+    .bind(now.plus(ingest.retention).0)
+    .bind(event.event_type.as_deref().map(text))
+    .bind(idempotency_key.as_str())
+    .bind(&ingest.destinations)
+    .fetch_one(&mut *conn)
+    .await?;
+    let request_id = RequestId(row.try_get(0)?);
+    let claimed: bool = row.try_get(1)?;
+    let deliveries: Vec<i64> = row.try_get(2)?;
+    Ok((
+        request_id,
+        claimed.then(|| deliveries.into_iter().map(DeliveryId).collect()),
+    ))
 }
 
 /// What claiming one key found.
