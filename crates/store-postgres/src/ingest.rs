@@ -126,39 +126,34 @@ async fn insert_and_claim(
     let request = &ingest.request;
     let now = request.received_at;
     let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
-    let row = sqlx::query(
-        "WITH r AS (
-            INSERT INTO requests (received_at, source, method, path, peer, headers, body,
-                body_truncated, verdict, reason, status, keys)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'accepted', NULL, 200, $9)
-            RETURNING id),
-         k AS (
-            INSERT INTO request_keys (key, request_id)
-            SELECT DISTINCT u.key, r.id FROM r, unnest($9::text[]) AS u (key)
-            ON CONFLICT DO NOTHING),
-         c AS (
-            INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
-            SELECT $10, $11, $12, r.id, $1, $13 FROM r
-            ON CONFLICT (source, key) DO NOTHING
-            RETURNING request_id),
-         d AS (
-            INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
-                idempotency_key, state, received_at, round_started_at, next_attempt_at,
-                updated_at)
-            SELECT c.request_id, $10, $11, $14, x.destination, $15, 'pending', $1, $1, $1, $1
-            FROM c, unnest($16::text[]) WITH ORDINALITY AS x (destination, n)
-            ORDER BY x.n
-            RETURNING id)
-         SELECT r.id, EXISTS (SELECT 1 FROM c), ARRAY(SELECT id FROM d ORDER BY id) FROM r",
+    let row = bind_request(
+        sqlx::query(
+            "WITH r AS (
+                INSERT INTO requests (received_at, source, method, path, peer, headers, body,
+                    body_truncated, verdict, reason, status, keys)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'accepted', NULL, 200, $9)
+                RETURNING id),
+             k AS (
+                INSERT INTO request_keys (key, request_id)
+                SELECT DISTINCT u.key, r.id FROM r, unnest($9::text[]) AS u (key)
+                ON CONFLICT DO NOTHING),
+             c AS (
+                INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+                SELECT $10, $11, $12, r.id, $1, $13 FROM r
+                ON CONFLICT (source, key) DO NOTHING
+                RETURNING request_id),
+             d AS (
+                INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+                    idempotency_key, state, received_at, round_started_at, next_attempt_at,
+                    updated_at)
+                SELECT c.request_id, $10, $11, $14, x.destination, $15, 'pending', $1, $1, $1, $1
+                FROM c, unnest($16::text[]) WITH ORDINALITY AS x (destination, n)
+                ORDER BY x.n
+                RETURNING id)
+             SELECT r.id, EXISTS (SELECT 1 FROM c), ARRAY(SELECT id FROM d ORDER BY id) FROM r",
+        ),
+        request,
     )
-    .bind(now.0)
-    .bind(text(&request.source))
-    .bind(text(&request.method))
-    .bind(text(&request.path))
-    .bind(request.peer.as_deref().map(text))
-    .bind(headers::encode(&request.headers))
-    .bind(&request.body[..])
-    .bind(request.body_truncated)
     .bind(keys)
     .bind(ingest.source.as_str())
     .bind(event.key.as_str())
@@ -369,6 +364,23 @@ pub(crate) async fn record_handshake(
     insert_request(conn, request, Verdict::Handshake, None, status, &[]).await
 }
 
+/// Binds a request's history columns as `$1`–`$8` (received_at, source, method, path, peer,
+/// headers, body, body_truncated), the order both request inserts use.
+fn bind_request<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    request: &'q RequestRecord,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(request.received_at.0)
+        .bind(text(&request.source))
+        .bind(text(&request.method))
+        .bind(text(&request.path))
+        .bind(request.peer.as_deref().map(text))
+        .bind(headers::encode(&request.headers))
+        .bind(&request.body[..])
+        .bind(request.body_truncated)
+}
+
 /// Inserts the request into history, and its keys into `request_keys`, in one statement.
 async fn insert_request(
     conn: &mut PgConnection,
@@ -378,26 +390,21 @@ async fn insert_request(
     status: u16,
     keys: &[String],
 ) -> Result<RequestId, sqlx::Error> {
-    let row = sqlx::query(
-        "WITH r AS (
-            INSERT INTO requests (received_at, source, method, path, peer, headers, body,
-                body_truncated, verdict, reason, status, keys)
-            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-            RETURNING id),
-         k AS (
-            INSERT INTO request_keys (key, request_id)
-            SELECT DISTINCT u.key, r.id FROM r, unnest($12::text[]) AS u (key)
-            ON CONFLICT DO NOTHING)
-         SELECT id FROM r",
+    let row = bind_request(
+        sqlx::query(
+            "WITH r AS (
+                INSERT INTO requests (received_at, source, method, path, peer, headers, body,
+                    body_truncated, verdict, reason, status, keys)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                RETURNING id),
+             k AS (
+                INSERT INTO request_keys (key, request_id)
+                SELECT DISTINCT u.key, r.id FROM r, unnest($12::text[]) AS u (key)
+                ON CONFLICT DO NOTHING)
+             SELECT id FROM r",
+        ),
+        request,
     )
-    .bind(request.received_at.0)
-    .bind(text(&request.source))
-    .bind(text(&request.method))
-    .bind(text(&request.path))
-    .bind(request.peer.as_deref().map(text))
-    .bind(headers::encode(&request.headers))
-    .bind(&request.body[..])
-    .bind(request.body_truncated)
     .bind(verdict.as_str())
     .bind(reason.map(text))
     .bind(i32::from(status))
