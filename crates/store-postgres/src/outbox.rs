@@ -40,9 +40,8 @@ pub(crate) async fn lease_due(
     let rows = sqlx::query(
         "WITH due AS (
             SELECT id FROM deliveries
-            WHERE state = 'pending' AND next_attempt_at <= $3
-              AND (lease_until IS NULL OR lease_until <= $3)
-            ORDER BY next_attempt_at, id
+            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= $3
+            ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
             LIMIT $4
             FOR UPDATE SKIP LOCKED),
          leased AS (
@@ -149,18 +148,17 @@ pub(crate) async fn release_leases(pool: &PgPool, owner: &str) -> Result<(), sql
 }
 
 pub(crate) async fn next_due(pool: &PgPool) -> Result<Option<Timestamp>, sqlx::Error> {
-    // Split so each half walks a small index: unleased rows in due order (stopping at the
-    // first), and the rows in flight. Leased rows count from the end of their lease.
+    // The first entry of the ready index: leased rows count from the end of their lease.
     let row = sqlx::query(
-        "SELECT LEAST(
-            (SELECT min(next_attempt_at) FROM deliveries
-             WHERE state = 'pending' AND lease_owner IS NULL),
-            (SELECT min(GREATEST(next_attempt_at, lease_until)) FROM deliveries
-             WHERE state = 'pending' AND lease_owner IS NOT NULL))",
+        "SELECT GREATEST(next_attempt_at, COALESCE(lease_until, 0)) FROM deliveries
+         WHERE state = 'pending'
+         ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
+         LIMIT 1",
     )
-    .fetch_one(pool)
+    .fetch_optional(pool)
     .await?;
-    Ok(row.try_get::<Option<i64>, _>(0)?.map(Timestamp))
+    row.map(|r| r.try_get::<i64, _>(0).map(Timestamp))
+        .transpose()
 }
 
 pub(crate) async fn redrive(
