@@ -481,7 +481,11 @@ pub async fn storm(
                             answer = (status, verdict.to_owned());
                             break;
                         }
-                        Err(_) => break,
+                        Err(err) => {
+                            // Kept in the answer, so an assertion shows why it is missing.
+                            answer.1 = format!("no final answer: {err}");
+                            break;
+                        }
                     }
                 }
                 let mut answers = answers.lock().expect("answers lock");
