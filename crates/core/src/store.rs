@@ -443,6 +443,15 @@ pub struct StoreStats {
     pub claims: u64,
 }
 
+/// The outbox's counts alone, without the claims: see [`Store::outbox_counts`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OutboxCounts {
+    /// Deliveries waiting.
+    pub pending: u64,
+    /// Deliveries in the dead-letter.
+    pub dead: u64,
+}
+
 /// What a purge removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
@@ -551,8 +560,19 @@ pub trait Store: Send + Sync + 'static {
     /// `history_before` whose deliveries are all finished. Works in bounded batches.
     async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError>;
 
-    /// Counts for metrics.
+    /// Counts for metrics. Counting the claims reads every claim held, work that grows with
+    /// the store (seconds on ten million claims with a cold cache): read it rarely.
     async fn stats(&self) -> Result<StoreStats, StoreError>;
+
+    /// The pending and dead-letter counts of [`Store::stats`] without counting the claims:
+    /// ranges of the outbox's indexes, cheap enough to read every few seconds.
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        let stats = self.stats().await?;
+        Ok(OutboxCounts {
+            pending: stats.pending,
+            dead: stats.dead,
+        })
+    }
 
     /// Whether the store answers and accepts writes (for readiness).
     async fn ping(&self) -> Result<(), StoreError>;

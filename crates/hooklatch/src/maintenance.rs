@@ -9,8 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::StoreSettings;
 
-/// How often gauges are refreshed.
+/// How often the outbox gauges are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// How often the claims gauge is refreshed: counting claims reads every claim held, which
+/// grows with the store (0.17 s warm, 5.9 s cold on ten million SQLite claims).
+const CLAIMS_GAUGE_INTERVAL: Duration = Duration::from_secs(60);
 
 pub(crate) async fn run(
     store: Arc<dyn Store>,
@@ -19,21 +23,28 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) {
     let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
+    let mut claims = tokio::time::interval(CLAIMS_GAUGE_INTERVAL);
     let mut purge = tokio::time::interval(settings.purge_interval);
-    gauges.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    for interval in [&mut gauges, &mut claims, &mut purge] {
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = gauges.tick() => {
                 metrics.run_upkeep();
-                match store.stats().await {
-                    Ok(stats) => {
-                        metrics::gauge!("hooklatch_outbox_pending").set(stats.pending as f64);
-                        metrics::gauge!("hooklatch_dead_letter").set(stats.dead as f64);
-                        metrics::gauge!("hooklatch_claims").set(stats.claims as f64);
+                match store.outbox_counts().await {
+                    Ok(counts) => {
+                        metrics::gauge!("hooklatch_outbox_pending").set(counts.pending as f64);
+                        metrics::gauge!("hooklatch_dead_letter").set(counts.dead as f64);
                     }
-                    Err(err) => tracing::warn!(%err, "could not read store counts"),
+                    Err(err) => tracing::warn!(%err, "could not read outbox counts"),
+                }
+            }
+            _ = claims.tick() => {
+                match store.stats().await {
+                    Ok(stats) => metrics::gauge!("hooklatch_claims").set(stats.claims as f64),
+                    Err(err) => tracing::warn!(%err, "could not count claims"),
                 }
             }
             _ = purge.tick() => {

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, RequestDetail, RequestFilter,
-    RequestSummary, StoreStats, Verdict,
+    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, OutboxCounts, RequestDetail,
+    RequestFilter, RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, RequestId, Timestamp};
 use sqlx::postgres::PgRow;
@@ -268,20 +268,30 @@ pub(crate) async fn purge_requests(
     Ok((ids.len() as u64, removed as u64))
 }
 
-pub(crate) async fn stats(pool: &PgPool) -> Result<StoreStats, sqlx::Error> {
+pub(crate) async fn outbox_counts(pool: &PgPool) -> Result<OutboxCounts, sqlx::Error> {
     let row = sqlx::query(
         "SELECT (SELECT count(*) FROM deliveries WHERE state = 'pending'),
-                (SELECT count(*) FROM deliveries WHERE state = 'dead'),
-                (SELECT count(*) FROM claims)",
+                (SELECT count(*) FROM deliveries WHERE state = 'dead')",
     )
     .fetch_one(pool)
     .await?;
     let n = |i: usize| -> Result<u64, sqlx::Error> {
         Ok(u64::try_from(row.try_get::<i64, _>(i)?).unwrap_or(0))
     };
-    Ok(StoreStats {
+    Ok(OutboxCounts {
         pending: n(0)?,
         dead: n(1)?,
-        claims: n(2)?,
+    })
+}
+
+pub(crate) async fn stats(pool: &PgPool) -> Result<StoreStats, sqlx::Error> {
+    let outbox = outbox_counts(pool).await?;
+    let claims: i64 = sqlx::query_scalar("SELECT count(*) FROM claims")
+        .fetch_one(pool)
+        .await?;
+    Ok(StoreStats {
+        pending: outbox.pending,
+        dead: outbox.dead,
+        claims: u64::try_from(claims).unwrap_or(0),
     })
 }

@@ -40,9 +40,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery, Purged,
-    Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
-    StoreStats,
+    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery,
+    OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter,
+    RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -394,6 +394,10 @@ impl Store for PostgresStore {
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         history::stats(self.pool()).await.map_err(map_err)
+    }
+
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        history::outbox_counts(self.pool()).await.map_err(map_err)
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

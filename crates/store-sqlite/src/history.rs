@@ -2,8 +2,8 @@
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, RequestDetail, RequestFilter,
-    RequestSummary, StoreStats, Verdict,
+    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, OutboxCounts, RequestDetail,
+    RequestFilter, RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, RequestId, Timestamp};
 use rusqlite::types::Value;
@@ -220,10 +220,23 @@ pub(crate) fn purge_requests(
 }
 
 pub(crate) fn stats(conn: &Connection) -> rusqlite::Result<StoreStats> {
-    let count = |sql: &str| conn.query_row(sql, [], |r| r.get::<_, i64>(0));
+    let outbox = outbox_counts(conn)?;
+    let claims: i64 = conn.query_row("SELECT count(*) FROM claims", [], |r| r.get(0))?;
     Ok(StoreStats {
+        pending: outbox.pending,
+        dead: outbox.dead,
+        claims: claims as u64,
+    })
+}
+
+/// Two ranges of the `(state, id)` index.
+pub(crate) fn outbox_counts(conn: &Connection) -> rusqlite::Result<OutboxCounts> {
+    let count = |sql: &str| {
+        conn.prepare_cached(sql)?
+            .query_row([], |r| r.get::<_, i64>(0))
+    };
+    Ok(OutboxCounts {
         pending: count("SELECT count(*) FROM deliveries WHERE state = 'pending'")? as u64,
         dead: count("SELECT count(*) FROM deliveries WHERE state = 'dead'")? as u64,
-        claims: count("SELECT count(*) FROM claims")? as u64,
     })
 }

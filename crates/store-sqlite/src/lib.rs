@@ -27,9 +27,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery, Purged,
-    Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
-    StoreStats,
+    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery,
+    OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter,
+    RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use rusqlite::{Connection, OpenFlags};
@@ -348,6 +348,10 @@ impl Store for SqliteStore {
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         self.read(history::stats).await
+    }
+
+    async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
+        self.read(history::outbox_counts).await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

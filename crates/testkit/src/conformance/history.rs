@@ -568,35 +568,46 @@ pub async fn purge_removes_old_finished_history_with_its_deliveries<S: Store>(st
     );
 }
 
-/// The counts follow ingests, attempts and redrives: pending and dead deliveries, claims held.
+/// The counts follow ingests, attempts and redrives: pending and dead deliveries, claims held;
+/// the outbox's counts alone say the same as the whole.
 pub async fn stats_count_pending_dead_and_claims<S: Store>(store: S) {
+    async fn counts<S: Store>(store: &S) -> StoreStats {
+        let stats = store.stats().await.expect("stats");
+        let outbox = store.outbox_counts().await.expect("outbox_counts");
+        assert_eq!(
+            (outbox.pending, outbox.dead),
+            (stats.pending, stats.dead),
+            "outbox_counts and stats disagree"
+        );
+        stats
+    }
     let stats = |pending, dead, claims| StoreStats {
         pending,
         dead,
         claims,
     };
-    assert_eq!(store.stats().await.expect("stats"), stats(0, 0, 0));
+    assert_eq!(counts(&store).await, stats(0, 0, 0));
     let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_1", "evt_2"], BODY, T0)).await;
-    assert_eq!(store.stats().await.expect("stats"), stats(4, 0, 2));
+    assert_eq!(counts(&store).await, stats(4, 0, 2));
     ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, at(1))).await;
     store
         .record_rejection(rejection(SOURCE, BODY, at(2), "invalid_signature", 401))
         .await
         .expect("record_rejection");
-    assert_eq!(store.stats().await.expect("stats"), stats(4, 0, 2));
+    assert_eq!(counts(&store).await, stats(4, 0, 2));
 
     let rows = new_deliveries(&outcome);
     lease_all(&store, at(3)).await;
     assert_eq!(
-        store.stats().await.expect("stats"),
+        counts(&store).await,
         stats(4, 0, 2),
         "leased rows are still pending"
     );
     record(&store, rows[0], at(4), AttemptNext::Delivered).await;
     record(&store, rows[1], at(4), AttemptNext::DeadLetter).await;
-    assert_eq!(store.stats().await.expect("stats"), stats(2, 1, 2));
+    assert_eq!(counts(&store).await, stats(2, 1, 2));
     store.redrive(rows[1], at(5)).await.expect("redrive");
-    assert_eq!(store.stats().await.expect("stats"), stats(3, 0, 2));
+    assert_eq!(counts(&store).await, stats(3, 0, 2));
 }
 
 /// A verified handshake is kept in history with verdict `handshake` and its status, and
