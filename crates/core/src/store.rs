@@ -227,10 +227,35 @@ pub struct LeasedDelivery {
     /// When this round of attempts began: when the event was received, or when an operator
     /// redrove it from the dead-letter. The retry policy's `max_age` counts from here.
     pub round_started_at: Timestamp,
+    /// The original request's method.
+    pub method: String,
+    /// The original request's path and query.
+    pub path: String,
     /// The original headers.
     pub headers: Vec<Header>,
     /// The original body, byte-exact.
     pub body: Bytes,
+}
+
+/// The content type of a body made from a query string.
+pub const FORM_CONTENT_TYPE: &str = "application/x-www-form-urlencoded";
+
+impl LeasedDelivery {
+    /// What a destination receives: the body as received, byte-exact. A `GET` without a body
+    /// carried its event in the query string (a provider that sends events that way, see
+    /// [`crate::ProviderAdapter::get_carries_events`]): that query then becomes a form-encoded
+    /// body, the shape the provider sends as a POST, with `Some` content type to set.
+    pub fn payload(&self) -> (Bytes, Option<&'static str>) {
+        if self.method.eq_ignore_ascii_case("GET") && self.body.is_empty() {
+            let query = self.path.split_once('?').map_or("", |(_, query)| query);
+            let query = query.split('#').next().unwrap_or_default();
+            return (
+                Bytes::copy_from_slice(query.as_bytes()),
+                Some(FORM_CONTENT_TYPE),
+            );
+        }
+        (self.body.clone(), None)
+    }
 }
 
 /// How one attempt ended.

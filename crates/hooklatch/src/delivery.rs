@@ -291,16 +291,24 @@ impl Worker {
         attempt: u32,
         now: Timestamp,
     ) -> Result<(u16, Option<String>), String> {
+        let (body, content_type) = delivery.payload();
         let mut req = self
             .client
             .post(url.clone())
             .timeout(dest.timeout)
-            .body(delivery.body.clone());
+            .body(body.clone());
         for (name, value) in &delivery.headers {
-            if DROPPED_HEADERS.contains(&name.as_str()) || name.starts_with("hooklatch-") {
+            let replaced = content_type.is_some() && name.eq_ignore_ascii_case("content-type");
+            if replaced
+                || DROPPED_HEADERS.contains(&name.as_str())
+                || name.starts_with("hooklatch-")
+            {
                 continue;
             }
             req = req.header(name.as_str(), value.as_slice());
+        }
+        if let Some(content_type) = content_type {
+            req = req.header(reqwest::header::CONTENT_TYPE, content_type);
         }
         let key = delivery.idempotency_key.as_str();
         req = req
@@ -316,10 +324,7 @@ impl Worker {
             req = req
                 .header("webhook-id", key)
                 .header("webhook-timestamp", ts.to_string())
-                .header(
-                    "webhook-signature",
-                    sign_v1(&key_bytes, key, ts, &delivery.body),
-                );
+                .header("webhook-signature", sign_v1(&key_bytes, key, ts, &body));
         }
         match req.send().await {
             Ok(res) => {
@@ -349,14 +354,17 @@ impl Worker {
             .publishers
             .get(&dest.name)
             .ok_or_else(|| format!("no publisher for destination {:?}", dest.name))?;
-        let content_type = delivery
-            .headers
-            .iter()
-            .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
-            .and_then(|(_, value)| std::str::from_utf8(value).ok());
+        let (body, made_content_type) = delivery.payload();
+        let content_type = made_content_type.or_else(|| {
+            delivery
+                .headers
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+                .and_then(|(_, value)| std::str::from_utf8(value).ok())
+        });
         let delivery_id = delivery.id.to_string();
         let message = Message {
-            body: &delivery.body,
+            body: &body,
             idempotency_key: delivery.idempotency_key.as_str(),
             content_type,
             source: delivery.source.as_str(),

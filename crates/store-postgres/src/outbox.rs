@@ -50,7 +50,8 @@ pub(crate) async fn lease_due(
             RETURNING d.id, d.request_id, d.source, d.event_key, d.event_type, d.destination,
                 d.idempotency_key, d.attempts, d.round_started_at, d.next_attempt_at)
          SELECT l.id, l.request_id, l.source, l.event_key, l.event_type, l.destination,
-            l.idempotency_key, l.attempts, l.round_started_at, r.headers, r.body
+            l.idempotency_key, l.attempts, l.round_started_at, r.headers, r.body, r.method,
+            r.path
          FROM leased l JOIN requests r ON r.id = l.request_id
          ORDER BY l.next_attempt_at, l.id",
     )
@@ -72,6 +73,8 @@ pub(crate) async fn lease_due(
                 idempotency_key: IdempotencyKey::from_stored(r.try_get(6)?),
                 attempts: count(r.try_get(7)?),
                 round_started_at: Timestamp(r.try_get(8)?),
+                method: r.try_get(11)?,
+                path: r.try_get(12)?,
                 headers: headers::decode(r.try_get(9)?),
                 body: Bytes::from(r.try_get::<Vec<u8>, _>(10)?),
             })

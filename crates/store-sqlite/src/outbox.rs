@@ -62,16 +62,23 @@ pub(crate) fn lease_due(
                 idempotency_key: IdempotencyKey::from_stored(r.get(6)?),
                 attempts: r.get(7)?,
                 round_started_at: Timestamp(r.get(8)?),
+                method: String::new(),
+                path: String::new(),
                 headers: Vec::new(),
                 body: Bytes::new(),
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut body_stmt = conn.prepare_cached("SELECT headers, body FROM requests WHERE id = ?1")?;
+    let mut body_stmt =
+        conn.prepare_cached("SELECT method, path, headers, body FROM requests WHERE id = ?1")?;
     let mut leased = Vec::with_capacity(rows.len());
     for mut delivery in rows {
-        let (hdrs, body): (Vec<u8>, Vec<u8>) =
-            body_stmt.query_row([delivery.request_id.0], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        let hdrs: Vec<u8>;
+        let body: Vec<u8>;
+        (delivery.method, delivery.path, hdrs, body) = body_stmt
+            .query_row([delivery.request_id.0], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })?;
         delivery.headers = headers::decode(&hdrs);
         delivery.body = Bytes::from(body);
         leased.push(delivery);

@@ -262,10 +262,14 @@ impl State {
                 until,
             });
             // A pending delivery's request is never purged, so it is always there.
-            let (headers, body) = self
+            let (method, path, headers, body) = self
                 .requests
                 .get(&delivery.request_id.0)
-                .map(|r| (r.record.headers.clone(), r.record.body.clone()))
+                .map(|r| {
+                    let record = &r.record;
+                    let (method, path) = (record.method.clone(), record.path.clone());
+                    (method, path, record.headers.clone(), record.body.clone())
+                })
                 .unwrap_or_default();
             leased.push(LeasedDelivery {
                 id: DeliveryId(id),
@@ -277,6 +281,8 @@ impl State {
                 idempotency_key: IdempotencyKey::from_stored(delivery.idempotency_key.clone()),
                 attempts: delivery.attempts,
                 round_started_at: delivery.round_started_at,
+                method,
+                path,
                 headers,
                 body,
             });

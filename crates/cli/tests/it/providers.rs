@@ -331,3 +331,89 @@ fn sign(
     }));
     headers
 }
+
+/// Twilio sends voice webhooks as a GET when a number is configured so: the parameters in the
+/// query, the signature over the URL alone. Verified, claimed once, answered with TwiML, and
+/// delivered as the form POST Twilio would otherwise have sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_twilio_voice_webhook_sent_as_get_is_verified_queued_once_and_delivered_as_a_form() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options()).await;
+    let ingest = gateway.ingest();
+    let sid = unique("CA");
+    let query = format!("CallSid={sid}&CallStatus=ringing&From=%2B14158675309&To=%2B18005551212");
+    let url = format!("http://{}/in/p-twilio?{query}", ingest.addr());
+    let twilio = fixtures::signer("twilio", &Secret::from_text("twilio-auth-token")).unwrap();
+    let signed = twilio.sign(&SignRequest {
+        url: &url,
+        body: b"",
+        secret: &Secret::from_text("twilio-auth-token"),
+        now: Timestamp::now(),
+        event_key: "unused",
+        event_type: None,
+    });
+    // Keyed from the query, as when Twilio sends no idempotency token.
+    let (name, signature) = signed
+        .into_iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("x-twilio-signature"))
+        .expect("a signature header");
+    let client = reqwest::Client::new();
+    let get = |url: String| client.get(url).header(&name, &signature).send();
+
+    for round in 0..2 {
+        let res = get(url.clone()).await.unwrap();
+        assert_eq!(res.status(), 200, "GET #{round}");
+        assert_eq!(res.headers()["content-type"], "text/xml", "GET #{round}");
+        let twiml = res.text().await.unwrap();
+        assert!(twiml.contains("<Response"), "GET #{round}: {twiml}");
+    }
+    let tampered = url.replace("ringing", "completed");
+    let res = get(tampered).await.unwrap();
+    assert_eq!(res.status(), 401);
+    let answer: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(answer["code"], "invalid_signature");
+
+    let key = format!("p-twilio:{sid}:ringing");
+    gateway.wait_for_delivery_state(&key, "delivered").await;
+    let received: Vec<_> = handler
+        .received()
+        .into_iter()
+        .filter(|r| r.key.as_deref() == Some(key.as_str()))
+        .collect();
+    assert_eq!(received.len(), 1, "delivered once");
+    assert_eq!(
+        received[0].body,
+        query.as_bytes(),
+        "the query, as a form body"
+    );
+    assert_eq!(
+        received[0].headers["content-type"],
+        "application/x-www-form-urlencoded"
+    );
+    assert_eq!(received[0].headers["hooklatch-event-type"], "call.ringing");
+
+    let accepted = gateway.requests("verdict=accepted&source=p-twilio").await;
+    assert_eq!(accepted.len(), 1, "{accepted:?}");
+    let (status, detail) = gateway
+        .admin_get(&format!(
+            "/v1/requests/{}",
+            accepted[0]["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(detail["method"], "GET", "kept as received: {detail}");
+    assert_eq!(
+        gateway
+            .requests("verdict=duplicate&source=p-twilio")
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(
+        gateway
+            .requests("verdict=rejected&source=p-twilio")
+            .await
+            .len(),
+        1
+    );
+}

@@ -217,11 +217,21 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
     }
 
     /// Answers a `GET` to the ingest URL (Meta's subscription check: `hub.mode`,
-    /// `hub.verify_token`, `hub.challenge` in `query`). `None`: the provider sends no GET, and
-    /// the gateway answers 405. Touches no store.
+    /// `hub.verify_token`, `hub.challenge` in `query`). `None`: not a check; the gateway then
+    /// takes the GET as an event if [`get_carries_events`](Self::get_carries_events) says so,
+    /// and answers 405 otherwise. Touches no store.
     fn handle_get(&self, query: &str) -> Option<Result<ProviderReply, Rejection>> {
         let _ = query;
         None
+    }
+
+    /// Whether the provider may send its events as a `GET` with the parameters in the query
+    /// string (Twilio's voice webhooks, when configured so). Such a request goes through
+    /// [`verify`](Self::verify) and [`extract`](Self::extract) like a POST with an empty body;
+    /// its event is delivered as a form-encoded POST of the query (see
+    /// [`crate::store::LeasedDelivery::payload`]).
+    fn get_carries_events(&self) -> bool {
+        false
     }
 
     /// Called before [`verify`](Self::verify): an unsigned probe the provider sends by design

@@ -23,8 +23,13 @@
 //!
 //! Event key: the `I-Twilio-Idempotency-Token` header when present and usable; otherwise
 //! `MessageSid:{MessageStatus or SmsStatus}` for messaging, `CallSid:{CallStatus}` for voice,
-//! or the bare SID when no status is sent. Parameters are read from the form body, or from the
-//! top-level string fields of a JSON body.
+//! or the bare SID when no status is sent. Parameters are read from the form body, from the
+//! top-level string fields of a JSON body, or, for a request without a body (a voice webhook
+//! configured as `GET`), from the query string.
+//!
+//! `GET`: Twilio sends voice webhooks as a GET when the number is configured so. The
+//! parameters are then in the query, which the signed URL already covers, and no POST
+//! parameters are appended: verified like a POST with an empty body.
 //!
 //! Event type: `message.status.{status}` for a message status callback (a `MessageStatus`, or
 //! an `SmsStatus` other than `received`), `message.inbound` for an inbound message,
@@ -157,6 +162,10 @@ impl ProviderAdapter for Twilio {
             content_type: "text/xml",
             body: EMPTY_TWIML.to_vec(),
         })
+    }
+
+    fn get_carries_events(&self) -> bool {
+        true
     }
 }
 
@@ -306,11 +315,20 @@ fn split_port(host_port: &str) -> (&str, Option<&str>) {
     }
 }
 
-/// The request's parameters: the form body, or a JSON body's top-level string fields.
+/// The request's parameters: the form body, a JSON body's top-level string fields, or the
+/// query of a request without a body (a GET).
 struct Params(Vec<(String, String)>);
 
 impl Params {
     fn of(req: &InboundRequest<'_>) -> Params {
+        if req.body.is_empty() {
+            let query = query_of(req.path_and_query);
+            return Params(
+                form_urlencoded::parse(query.as_bytes())
+                    .into_owned()
+                    .collect(),
+            );
+        }
         if is_json(req.headers) {
             let fields = serde_json::from_slice::<serde_json::Value>(req.body)
                 .ok()
@@ -498,6 +516,35 @@ mod tests {
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].key.as_str(), key);
         assert_eq!(events[0].event_type.as_deref(), Some(event_type));
+    }
+
+    /// A voice webhook configured as GET: the parameters ride in the query, which the signed
+    /// URL covers; nothing is appended after the URL.
+    #[test]
+    fn a_get_voice_webhook_is_verified_over_its_url_and_keyed_from_its_query() {
+        let path = "/in/twilio?CallSid=CA1234567890ABCDE&CallStatus=ringing&From=%2B14158675309";
+        let url = format!("{VECTOR_BASE}{path}");
+        let sig = signature(TOKEN, &url, b"");
+        let get = |path: &'static str, sig: &str| {
+            let headers = headers(&[(SIGNATURE_HEADER, sig)]);
+            let req = request(path, &headers, b"");
+            (
+                twilio(Some(VECTOR_BASE)).verify(&req, &[Secret::from_text(TOKEN)], Duration::ZERO),
+                Twilio::default().extract(&req),
+            )
+        };
+        let (verified, events) = get(path, &sig);
+        assert_eq!(verified, Ok(()));
+        let events = events.expect("an event");
+        assert_eq!(events[0].key.as_str(), "CA1234567890ABCDE:ringing");
+        assert_eq!(events[0].event_type.as_deref(), Some("call.ringing"));
+        assert!(Twilio::default().get_carries_events());
+
+        let (tampered, _) = get(
+            "/in/twilio?CallSid=CA1234567890ABCDE&CallStatus=completed&From=%2B14158675309",
+            &sig,
+        );
+        assert_eq!(tampered.map_err(|r| r.code()), Err("invalid_signature"));
     }
 
     #[test]

@@ -65,14 +65,27 @@ async fn ingest(
             return reject(&state, record, &metric_source, err).await;
         }
     }
+    process(&state, source, &source_name, &parts, record, started).await
+}
 
+/// Verifies, extracts and accepts (or rejects) a request whose body is read: a POST, or a GET
+/// of a provider that sends events that way.
+async fn process(
+    state: &IngestState,
+    source: Option<&Source>,
+    source_name: &str,
+    parts: &Parts,
+    record: RequestRecord,
+    started: Instant,
+) -> Response {
+    let metric_source = source.map_or("unknown", |s| s.name.as_str()).to_owned();
     let Some(source) = source else {
         let err = ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_source",
             format!("no source named {source_name:?} is configured"),
         );
-        return reject(&state, record, &metric_source, err).await;
+        return reject(state, record, &metric_source, err).await;
     };
 
     let inbound = InboundRequest {
@@ -82,16 +95,16 @@ async fn ingest(
         now: record.received_at,
     };
     if let Some(reply) = source.adapter.unsigned_probe(&inbound) {
-        return handshake(&state, record, &metric_source, reply).await;
+        return handshake(state, record, &metric_source, reply).await;
     }
     if let Err(rejection) = source
         .adapter
         .verify(&inbound, &source.secrets, source.tolerance)
     {
-        return reject(&state, record, &metric_source, rejection_error(&rejection)).await;
+        return reject(state, record, &metric_source, rejection_error(&rejection)).await;
     }
     if let Some(reply) = source.adapter.handshake(&inbound) {
-        return handshake(&state, record, &metric_source, reply).await;
+        return handshake(state, record, &metric_source, reply).await;
     }
     let ack = source.adapter.ack_reply(&inbound);
     let checked = source.adapter.extract(&inbound);
@@ -103,23 +116,25 @@ async fn ingest(
                 "missing_event_key",
                 "the delivery carries no event",
             );
-            return reject(&state, record, &metric_source, err).await;
+            return reject(state, record, &metric_source, err).await;
         }
         Err(rejection) => {
-            return reject(&state, record, &metric_source, rejection_error(&rejection)).await;
+            return reject(state, record, &metric_source, rejection_error(&rejection)).await;
         }
     };
 
-    accept(&state, source, record, events, started, ack).await
+    accept(state, source, record, events, started, ack).await
 }
 
-/// `GET /in/{source}`: a provider's subscription check (Meta's `hub.challenge`). Providers
-/// without one get 405. Answered or refused, it is kept in history and claims nothing.
+/// `GET /in/{source}`: a provider's subscription check (Meta's `hub.challenge`), answered or
+/// refused, kept in history and claiming nothing; or, for a provider that sends events as a
+/// GET (Twilio voice), an event like a POST with an empty body. Other providers get 405.
 async fn check(
     State(state): State<Arc<IngestState>>,
     Path(source_name): Path<String>,
     req: Request,
 ) -> Response {
+    let started = Instant::now();
     let (parts, _body) = req.into_parts();
     let record = request_record(&parts, &source_name);
     let Some(source) = state.sources.get(&source_name) else {
@@ -135,6 +150,9 @@ async fn check(
         .adapter
         .handle_get(parts.uri.query().unwrap_or_default())
     {
+        None if source.adapter.get_carries_events() => {
+            process(&state, Some(source), &source_name, &parts, record, started).await
+        }
         None => {
             let err = ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,

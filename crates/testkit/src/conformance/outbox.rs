@@ -82,6 +82,11 @@ pub async fn lease_due_returns_due_deliveries_with_the_request_byte_exact<S: Sto
         );
         assert_eq!(delivery.attempts, 0);
         assert_eq!(delivery.round_started_at, T0);
+        assert_eq!(
+            (delivery.method.as_str(), delivery.path.as_str()),
+            ("POST", format!("/in/{SOURCE}?attempt=1").as_str()),
+            "the request line as received"
+        );
         assert_eq!(delivery.headers, headers(), "headers byte-exact, in order");
         assert_eq!(&delivery.body[..], BODY, "body byte-exact");
     }
