@@ -25,15 +25,23 @@ pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<Ing
     )?;
     let mut claims = Vec::with_capacity(ingest.events.len());
     for (i, event) in ingest.events.iter().enumerate() {
-        conn.prepare_cached(
-            "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
-        )?
-        .execute(params![event.key.as_str(), request_id.0])?;
-        let claim = match &ingest.keys {
+        // A claim made here points at this request, and history finds the request through it;
+        // any other request carrying the key is listed in `request_keys`.
+        let (claim, claimed_here) = match &ingest.keys {
             // An external key store decided; an event it said nothing about is claimed here.
-            KeyDecision::Decided(decided) if i < decided.len() => decided[i].clone(),
-            _ => claim(conn, ingest, event, request_id)?,
+            KeyDecision::Decided(decided) if i < decided.len() => (decided[i].clone(), false),
+            _ => {
+                let claim = claim(conn, ingest, event, request_id)?;
+                let new = matches!(claim, Claim::New { .. });
+                (claim, new)
+            }
         };
+        if !claimed_here {
+            conn.prepare_cached(
+                "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
+            )?
+            .execute(params![event.key.as_str(), request_id.0])?;
+        }
         let claim = match claim {
             Claim::New { .. } => Claim::New {
                 deliveries: queue(conn, ingest, event, request_id)?,

@@ -681,3 +681,58 @@ pub async fn imports_are_kept_and_redeliverable_but_claim_nothing<S: Store>(stor
     assert_eq!(row.idempotency_key, idempotency_key(SOURCE, "evt_imported"));
     assert_eq!(row.request_id, id);
 }
+
+/// Listing by key finds every request that carried the key, on every source, also once the
+/// claim that pointed at the first one was replaced (retention over, the key claimed again)
+/// or purged.
+pub async fn the_key_finds_every_request_that_carried_it_after_claims_are_replaced_or_purged<
+    S: Store,
+>(
+    store: S,
+) {
+    let hour = Duration::from_secs(3600);
+    let short = |received_at| {
+        let mut res = ingest(SOURCE, &["evt_r"], BODY, received_at);
+        res.retention = hour;
+        res
+    };
+    let keyed = || async {
+        let found = store
+            .list_requests(RequestFilter {
+                key: Some("evt_r".to_owned()),
+                limit: 100,
+                ..RequestFilter::default()
+            })
+            .await
+            .expect("list_requests");
+        found.into_iter().map(|r| r.id).collect::<Vec<_>>()
+    };
+    let first = ingest_ok(&store, short(T0)).await;
+    let duplicate = ingest_ok(&store, short(at(10))).await;
+    assert_eq!(duplicate.verdict(), Verdict::Duplicate);
+    let conflict = ingest_ok(&store, ingest(SOURCE, &["evt_r"], b"other", at(20))).await;
+    assert_eq!(conflict.verdict(), Verdict::Conflict);
+    let mut want = vec![conflict.request_id, duplicate.request_id, first.request_id];
+    assert_eq!(keyed().await, want);
+
+    let again = ingest_ok(&store, short(at(3601))).await;
+    assert_eq!(
+        again.verdict(),
+        Verdict::Accepted,
+        "the expired claim is taken again"
+    );
+    want.insert(0, again.request_id);
+    assert_eq!(keyed().await, want, "after the claim was replaced");
+
+    let purged = store
+        .purge(at(2 * 3600 + 10), at(-1_000_000))
+        .await
+        .expect("purge");
+    assert_eq!(purged.claims, 1);
+    assert_eq!(keyed().await, want, "after the claim was purged");
+
+    let elsewhere = ingest_ok(&store, ingest("github", &["evt_r"], BODY, at(3 * 3600))).await;
+    assert_eq!(elsewhere.verdict(), Verdict::Accepted);
+    want.insert(0, elsewhere.request_id);
+    assert_eq!(keyed().await, want, "the same key on another source");
+}

@@ -48,6 +48,7 @@ pub use history::{
     purge_removes_claims_expired_at_or_before_now,
     purge_removes_old_finished_history_with_its_deliveries,
     rejections_are_recorded_in_history_and_claim_nothing, stats_count_pending_dead_and_claims,
+    the_key_finds_every_request_that_carried_it_after_claims_are_replaced_or_purged,
 };
 pub use outbox::{
     a_dead_lettered_delivery_keeps_its_last_error,
@@ -108,6 +109,7 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         purge_removes_claims_expired_at_or_before_now,
         purge_removes_old_finished_history_with_its_deliveries,
         stats_count_pending_dead_and_claims,
+        the_key_finds_every_request_that_carried_it_after_claims_are_replaced_or_purged,
     );
     assert!(
         failed.is_empty(),
