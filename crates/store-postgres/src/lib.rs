@@ -13,8 +13,8 @@
 //! `synchronous_commit` set to `off` on its own connections unless explicitly allowed (the
 //! `durability` module explains the choice), and a commit returns only once PostgreSQL has
 //! flushed it. Throughput: ingests go through group commit (the `writer` module): a few writer
-//! tasks each commit whatever jobs are waiting in one transaction, one savepoint per job, and
-//! answer only after `COMMIT` returns. That also makes ingest cancellation-safe: the
+//! tasks each commit whatever jobs are waiting in one transaction (a savepoint per job only
+//! when one of them failed on its own), and answer only after `COMMIT` returns. That also makes ingest cancellation-safe: the
 //! transaction runs in a writer task, never in the caller's future.
 //!
 //! Workers on every instance share the outbox through leases taken with

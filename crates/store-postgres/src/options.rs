@@ -41,9 +41,10 @@ pub struct PgOptions {
     /// sets the gauge `hooklatch_unsafe_durability` to 1.
     pub allow_unsafe_durability: bool,
     /// Most jobs (ingests, rejections, handshakes) committed in one transaction (URL
-    /// `max_batch`, default 64). Each job runs in its own savepoint; PostgreSQL keeps up to
-    /// 64 subtransactions per backend in shared memory and beyond that every other session's
-    /// snapshots get slower, so larger values are rarely worth it.
+    /// `max_batch`, default 64). A batch in which a job fails on its own runs again with a
+    /// savepoint per job; PostgreSQL keeps up to 64 subtransactions per backend in shared
+    /// memory and beyond that every other session's snapshots get slower, so larger values
+    /// are rarely worth it.
     pub max_batch: usize,
     /// Tasks committing batches side by side (URL `writers`, default 4), each holding one
     /// connection while it commits. More than one, so that a batch waiting on another

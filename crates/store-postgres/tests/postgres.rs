@@ -165,6 +165,72 @@ async fn an_ingest_waits_for_an_uncommitted_claim_of_its_key_then_claims_it_afte
     assert_eq!(store.stats().await.expect("stats").claims, 1);
 }
 
+/// A batch runs without savepoints first; a job failing on its own (here a trigger refuses its
+/// claim, as a full disk or a broken constraint would) sends the batch round again with a
+/// savepoint per job: that job fails alone and every other job of its group commit commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_fails_on_its_own_fails_alone_and_its_batch_commits() {
+    let Some(base) = support::base_url("the lone-failure test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let mut opts = db.options();
+    opts.writers = 1;
+    opts.lock_timeout = PATIENT;
+    let store = db.store_with(opts).await;
+    db.raw()
+        .await
+        .execute(
+            "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.key = 'evt_poison' THEN RAISE EXCEPTION 'this key is refused'; END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_poison BEFORE INSERT ON claims
+                 FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+        )
+        .await
+        .expect("the refusing trigger");
+
+    // The one writer waits on another session's uncommitted claim, so the ingests sent
+    // meanwhile queue up for the same next batch.
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+    let blocked = spawn_ingest(&store, "evt_x");
+    assert_eq!(lock_wait(&db).await.0, "Lock");
+    let neighbours: Vec<_> = (0..8)
+        .map(|i| spawn_ingest(&store, &format!("evt_n{i}")))
+        .collect();
+    let poisoned = spawn_ingest(&store, "evt_poison");
+    // Time for the tasks to queue their jobs (were one late, it would only run in a batch of
+    // its own: the assertions hold either way).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+
+    let blocked = blocked
+        .await
+        .expect("ingest task")
+        .expect("the blocked ingest");
+    let mut committed = vec![blocked.request_id];
+    for neighbour in neighbours {
+        let outcome = neighbour
+            .await
+            .expect("ingest task")
+            .expect("a neighbour of the refused job commits");
+        assert!(matches!(outcome.claims[0].1, Claim::New { .. }));
+        committed.push(outcome.request_id);
+    }
+    let refused = poisoned.await.expect("ingest task");
+    assert!(
+        matches!(&refused, Err(StoreError::Unavailable(msg)) if msg.contains("refused")),
+        "{refused:?}"
+    );
+    let mut history: Vec<_> = all_requests(&store).await.iter().map(|r| r.id).collect();
+    history.sort();
+    committed.sort();
+    assert_eq!(history, committed, "nothing of the refused job stays");
+    assert_eq!(store.stats().await.expect("stats").claims, 9);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_waiting_past_the_wait_limit_is_unavailable_never_ok() {
     let Some(base) = support::base_url("the wait-limit test") else {
