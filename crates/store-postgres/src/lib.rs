@@ -12,10 +12,11 @@
 //! Durability: [`PostgresStore::connect`] refuses `fsync`, `full_page_writes` or
 //! `synchronous_commit` set to `off` on its own connections unless explicitly allowed (the
 //! `durability` module explains the choice), and a commit returns only once PostgreSQL has
-//! flushed it. Throughput: ingests go through group commit (the `writer` module): a few writer
-//! tasks each commit whatever jobs are waiting in one transaction (a savepoint per job only
-//! when one of them failed on its own), and answer only after `COMMIT` returns. That also makes ingest cancellation-safe: the
-//! transaction runs in a writer task, never in the caller's future.
+//! flushed it. Throughput: ingests and delivery attempts go through group commit (the `writer`
+//! module): a few writer tasks each commit whatever jobs are waiting in one transaction (a
+//! savepoint per job only when one of them failed on its own), and answer only after `COMMIT`
+//! returns. That also makes ingest cancellation-safe: the transaction runs in a writer task,
+//! never in the caller's future.
 //!
 //! Workers on every instance share the outbox through leases taken with
 //! `FOR UPDATE SKIP LOCKED` (the `outbox` module); [`PostgresStore::listen_for_work`] wakes
@@ -186,6 +187,18 @@ impl PostgresStore {
         self.inner.writer.run(work).await
     }
 
+    /// Records an attempt (and takes the next lease, with `next`) in the next group commit.
+    async fn attempt(
+        &self,
+        result: AttemptResult,
+        next: Option<(Timestamp, Duration)>,
+    ) -> Result<Option<LeasedDelivery>, StoreError> {
+        match self.write(Work::Attempt { result, next }).await? {
+            Done::Attempt(leased) => Ok(leased.map(|leased| *leased)),
+            _ => unreachable!("an attempt job answers with its next lease"),
+        }
+    }
+
     fn pool(&self) -> &PgPool {
         &self.inner.pool
     }
@@ -245,14 +258,14 @@ impl Store for PostgresStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
         match self.write(Work::Ingest(ingest)).await? {
             Done::Ingest(outcome) => Ok(outcome),
-            Done::Request(_) => unreachable!("an ingest job answers with its outcome"),
+            _ => unreachable!("an ingest job answers with its outcome"),
         }
     }
 
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
         match self.write(Work::Rejection(rejected)).await? {
             Done::Request(id) => Ok(id),
-            Done::Ingest(_) => unreachable!("a rejection job answers with its request id"),
+            _ => unreachable!("a rejection job answers with its request id"),
         }
     }
 
@@ -275,7 +288,7 @@ impl Store for PostgresStore {
     ) -> Result<RequestId, StoreError> {
         match self.write(Work::Handshake(request, status)).await? {
             Done::Request(id) => Ok(id),
-            Done::Ingest(_) => unreachable!("a handshake job answers with its request id"),
+            _ => unreachable!("a handshake job answers with its request id"),
         }
     }
 
@@ -291,28 +304,20 @@ impl Store for PostgresStore {
             .map_err(map_err)
     }
 
+    /// Through group commit, with the ingests and other workers' attempts of the moment.
     async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
-        outbox::record_attempt(self.pool(), &result)
-            .await
-            .map_err(map_err)
+        self.attempt(result, None).await.map(|_| ())
     }
 
-    /// One transaction (one commit) for the attempt and the next lease.
+    /// Through group commit: the attempt and the next lease in one job, its commit shared with
+    /// the ingests and other workers' attempts of the moment.
     async fn record_attempt_and_lease(
         &self,
         result: AttemptResult,
         now: Timestamp,
         lease: Duration,
     ) -> Result<Option<LeasedDelivery>, StoreError> {
-        let mut tx = self.pool().begin().await.map_err(map_err)?;
-        outbox::record_attempt(&mut *tx, &result)
-            .await
-            .map_err(map_err)?;
-        let next = outbox::lease_due(&mut *tx, &result.owner, now, lease, 1)
-            .await
-            .map_err(map_err)?;
-        tx.commit().await.map_err(map_err)?;
-        Ok(next.into_iter().next())
+        self.attempt(result, Some((now, lease))).await
     }
 
     async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {

@@ -1,4 +1,5 @@
-//! Group commit: ingests, rejections and handshakes, committed many to a transaction.
+//! Group commit: ingests, rejections, handshakes and delivery attempts, committed many to a
+//! transaction.
 //!
 //! Callers queue a [`Work`] item on a channel and wait for its reply. A few writer tasks take
 //! turns at the channel: the one whose turn it is takes the first job and every job already
@@ -36,14 +37,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hooklatch_core::store::{Ingest, IngestOutcome, Rejected, RequestRecord};
-use hooklatch_core::{Claim, RequestId, StoreError};
+use hooklatch_core::store::{
+    AttemptResult, Ingest, IngestOutcome, LeasedDelivery, Rejected, RequestRecord,
+};
+use hooklatch_core::{Claim, RequestId, StoreError, Timestamp};
 use rand::Rng;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::{mpsc, oneshot, Mutex};
 
-use crate::{ingest, map_err, simple, sqlstate, WORK_CHANNEL};
+use crate::{ingest, map_err, outbox, simple, sqlstate, WORK_CHANNEL};
 
 /// How many times a batch is run again after a deadlock or serialization failure.
 const MAX_RETRIES: u32 = 8;
@@ -62,12 +65,21 @@ pub(crate) enum Work {
     Ingest(Ingest),
     Rejection(Rejected),
     Handshake(RequestRecord, u16),
+    /// A delivery attempt's outcome, then (with `next`: when and for how long) the worker's
+    /// next lease. In a batch, many workers' attempts share one commit instead of one each.
+    Attempt {
+        result: AttemptResult,
+        next: Option<(Timestamp, Duration)>,
+    },
 }
 
 /// What a [`Work`] item produced.
 pub(crate) enum Done {
     Ingest(IngestOutcome),
     Request(RequestId),
+    /// The next lease an attempt asked for, if any row was due (boxed: far larger than the
+    /// other answers).
+    Attempt(Option<Box<LeasedDelivery>>),
 }
 
 impl Work {
@@ -75,7 +87,7 @@ impl Work {
     fn lock_order(&self) -> Option<(&str, &str)> {
         match self {
             Work::Ingest(ingest) => ingest::lock_order(ingest),
-            Work::Rejection(_) | Work::Handshake(..) => None,
+            Work::Rejection(_) | Work::Handshake(..) | Work::Attempt { .. } => None,
         }
     }
 
@@ -83,7 +95,7 @@ impl Work {
     fn n_claims(&self) -> u32 {
         match self {
             Work::Ingest(ingest) => ingest.events.len() as u32,
-            Work::Rejection(_) | Work::Handshake(..) => 0,
+            Work::Rejection(_) | Work::Handshake(..) | Work::Attempt { .. } => 0,
         }
     }
 
@@ -93,6 +105,16 @@ impl Work {
             Work::Rejection(job) => Done::Request(ingest::record_rejection(conn, job).await?),
             Work::Handshake(request, status) => {
                 Done::Request(ingest::record_handshake(conn, request, *status).await?)
+            }
+            Work::Attempt { result, next } => {
+                outbox::record_attempt(&mut *conn, result).await?;
+                let leased = match next {
+                    Some((now, lease)) => {
+                        outbox::lease_due(&mut *conn, &result.owner, *now, *lease, 1).await?
+                    }
+                    None => Vec::new(),
+                };
+                Done::Attempt(leased.into_iter().next().map(Box::new))
             }
         })
     }
@@ -105,7 +127,7 @@ impl Done {
             Done::Ingest(outcome) => outcome.claims.iter().any(
                 |(_, claim)| matches!(claim, Claim::New { deliveries } if !deliveries.is_empty()),
             ),
-            Done::Request(_) => false,
+            Done::Request(_) | Done::Attempt(_) => false,
         }
     }
 }
