@@ -229,7 +229,7 @@ pub(crate) async fn purge_requests(
          WHERE r.received_at < $1
            AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
            AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)
-         ORDER BY r.id LIMIT $2
+         ORDER BY r.received_at LIMIT $2
          FOR UPDATE OF r SKIP LOCKED",
     )
     .bind(before.0)

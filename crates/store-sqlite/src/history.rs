@@ -234,13 +234,15 @@ pub(crate) fn purge_requests(
     Ok(n as u64)
 }
 
-/// The requests a purge batch removes: old, nothing pending, not pointed at by a claim.
+/// The requests a purge batch removes: old, nothing pending, not pointed at by a claim. Oldest
+/// first by `received_at`, so that only old requests are read (in id order, a purge with
+/// nothing old to remove read every request there is).
 const PURGE_CANDIDATES: &str = "INSERT INTO temp.purge_ids (id)
     SELECT r.id FROM requests r
     WHERE r.received_at < ?1
       AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
       AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)
-    ORDER BY r.id LIMIT ?2";
+    ORDER BY r.received_at LIMIT ?2";
 
 /// What goes with them, each found by request through an index.
 const PURGE_DELETES: [&str; 5] = [
@@ -325,8 +327,8 @@ mod tests {
         let args = [Value::Integer(1), Value::Integer(1000)];
         let candidates = plan(&conn, PURGE_CANDIDATES, &args);
         assert!(candidates.contains("claims_request"), "{candidates}");
-        // The old requests themselves are walked in id order, as far as the batch goes.
-        assert_scans_only(&candidates, &["r"]);
+        assert!(candidates.contains("requests_received"), "{candidates}");
+        assert_scans_only(&candidates, &[]);
         for sql in PURGE_DELETES {
             assert_scans_only(&plan(&conn, sql, &[]), &["purge_ids"]);
         }
