@@ -325,30 +325,14 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
                     }
                 }
             }
-            Err(err) if is_retryable(&err) => {
-                return match rollback(conn).await {
-                    Ok(()) => Ended::Retry(err),
-                    Err(_) => Ended::Failed {
-                        results: Vec::new(),
-                        err: map_err(err),
-                        clean: false,
-                    },
-                };
-            }
+            Err(err) if is_retryable(&err) => return run_again(conn, err, Ended::Retry).await,
             Err(err) if is_connection_error(&err) => {
                 return broken(own_errors(&results), err, conn).await;
             }
             Err(err) if !savepoints => {
                 // The transaction is aborted with every job's work in it: undo it all and let
                 // the batch run again, this time able to undo this job alone.
-                return match rollback(conn).await {
-                    Ok(()) => Ended::JobFailed(err),
-                    Err(_) => Ended::Failed {
-                        results: Vec::new(),
-                        err: map_err(err),
-                        clean: false,
-                    },
-                };
+                return run_again(conn, err, Ended::JobFailed).await;
             }
             Err(err) => {
                 // Undo this job only; the savepoint stays for the next job.
@@ -378,6 +362,23 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
         // The commit may or may not have happened: every job hears the error (a provider's
         // retry of a job that did commit is answered as a duplicate).
         Err(err) => broken(own_errors(&results), err, conn).await,
+    }
+}
+
+/// Rolls the whole batch back after `err`, to run it again as `again` says; if even the
+/// rollback fails, the batch fails and its connection is not reused.
+async fn run_again(
+    conn: &mut PgConnection,
+    err: sqlx::Error,
+    again: fn(sqlx::Error) -> Ended,
+) -> Ended {
+    match rollback(conn).await {
+        Ok(()) => again(err),
+        Err(_) => Ended::Failed {
+            results: Vec::new(),
+            err: map_err(err),
+            clean: false,
+        },
     }
 }
 

@@ -181,3 +181,15 @@ pub async fn all_requests<S: Store>(store: &S) -> Vec<RequestSummary> {
         .await
         .expect("list_requests")
 }
+
+/// Every request in history that carried `key`, newest first.
+pub async fn requests_with_key<S: Store>(store: &S, key: &str) -> Vec<RequestSummary> {
+    store
+        .list_requests(RequestFilter {
+            key: Some(key.to_owned()),
+            limit: ALL,
+            ..RequestFilter::default()
+        })
+        .await
+        .expect("list_requests")
+}

@@ -11,7 +11,7 @@ use hooklatch_core::{DeliveryId, RequestId, Store, Timestamp};
 
 use crate::conformance::fixture::{
     all_deliveries, all_requests, at, attempt, headers, idempotency_key, ingest, ingest_ok,
-    new_deliveries, rejection, request, DESTINATIONS, T0,
+    new_deliveries, rejection, request, requests_with_key, DESTINATIONS, T0,
 };
 
 const SOURCE: &str = "stripe";
@@ -647,14 +647,7 @@ pub async fn imports_are_kept_and_redeliverable_but_claim_nothing<S: Store>(stor
         .record_import(request(SOURCE, BODY, T0), vec!["evt_imported".to_owned()])
         .await
         .expect("record_import");
-    let listed = store
-        .list_requests(RequestFilter {
-            key: Some("evt_imported".to_owned()),
-            limit: 10,
-            ..RequestFilter::default()
-        })
-        .await
-        .expect("list_requests");
+    let listed = requests_with_key(&store, "evt_imported").await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].id, id);
     assert_eq!(listed[0].verdict, Verdict::Imported);
@@ -697,14 +690,7 @@ pub async fn the_key_finds_every_request_that_carried_it_after_claims_are_replac
         res
     };
     let keyed = || async {
-        let found = store
-            .list_requests(RequestFilter {
-                key: Some("evt_r".to_owned()),
-                limit: 100,
-                ..RequestFilter::default()
-            })
-            .await
-            .expect("list_requests");
+        let found = requests_with_key(&store, "evt_r").await;
         found.into_iter().map(|r| r.id).collect::<Vec<_>>()
     };
     let first = ingest_ok(&store, short(T0)).await;
