@@ -41,8 +41,19 @@ pub(crate) async fn list_requests(
     pool: &PgPool,
     filter: &RequestFilter,
 ) -> Result<Vec<RequestSummary>, sqlx::Error> {
-    let mut sql =
-        QueryBuilder::<Postgres>::new(format!("SELECT {SUMMARY_COLUMNS} FROM requests WHERE true"));
+    let mut sql = QueryBuilder::<Postgres>::new("");
+    if filter.key.is_some() {
+        // The sources that hold claims, one primary-key probe each (a loose index scan).
+        sql.push(
+            "WITH RECURSIVE claim_sources(name) AS (
+                (SELECT source FROM claims ORDER BY source LIMIT 1)
+                UNION ALL
+                SELECT (SELECT c.source FROM claims c WHERE c.source > s.name
+                        ORDER BY c.source LIMIT 1)
+                FROM claim_sources s WHERE s.name IS NOT NULL) ",
+        );
+    }
+    sql.push(format!("SELECT {SUMMARY_COLUMNS} FROM requests WHERE true"));
     if let Some(source) = &filter.source {
         sql.push(" AND source = ").push_bind(source);
     }
@@ -50,7 +61,11 @@ pub(crate) async fn list_requests(
         sql.push(" AND verdict = ").push_bind(verdict.as_str());
     }
     if let Some(key) = &filter.key {
+        // The request each source's claim of the key points at, and the others that carry it.
         sql.push(" AND id IN (SELECT request_id FROM request_keys WHERE key = ")
+            .push_bind(key)
+            .push(" UNION ALL SELECT c.request_id FROM claim_sources s")
+            .push(" JOIN claims c ON c.source = s.name AND c.key = ")
             .push_bind(key)
             .push(")");
     }

@@ -62,6 +62,8 @@ pub(crate) async fn ingest(
         .map(|e| e.key.as_str().to_owned())
         .collect();
     let mut claimed: Vec<Option<Claimed>> = vec![None; ingest.events.len()];
+    // Whether the keys are already listed in `request_keys` (see `insert_and_claim`).
+    let mut listed = false;
     let request_id = match (ingest.events.as_slice(), &ingest.keys) {
         // The common case, one event claimed here: one round trip when the claim is new.
         ([event], KeyDecision::Store) => {
@@ -74,6 +76,7 @@ pub(crate) async fn ingest(
             }
             // Held by another request: the general path below reads it (or replaces it if
             // it has expired).
+            listed = true;
             request_id
         }
         _ => insert_request(conn, &ingest.request, Verdict::Accepted, None, 200, &keys).await?,
@@ -92,6 +95,22 @@ pub(crate) async fn ingest(
             },
             _ => claim(conn, ingest, &ingest.events[i], request_id).await?,
         });
+    }
+    // A claim made here points at this request, and history finds the request through it;
+    // every other key it carries is listed in `request_keys`.
+    if !listed {
+        let unclaimed: Vec<&str> = ingest
+            .events
+            .iter()
+            .zip(&claimed)
+            .enumerate()
+            .filter(|(i, (_, claimed))| {
+                let decided = matches!(&ingest.keys, KeyDecision::Decided(d) if *i < d.len());
+                decided || !matches!(claimed, Some(Claimed::Ours))
+            })
+            .map(|(_, (event, _))| event.key.as_str())
+            .collect();
+        list_keys(conn, request_id, &unclaimed).await?;
     }
     let mut claims = Vec::with_capacity(ingest.events.len());
     for (event, claimed) in ingest.events.iter().zip(claimed) {
@@ -114,7 +133,8 @@ pub(crate) async fn ingest(
 }
 
 /// Records a one-event request, claims its key and, when the claim is new, queues its
-/// deliveries, in one statement (one round trip instead of three). `None`: another request
+/// deliveries, in one statement (one round trip instead of three); when it is not, lists the
+/// key in `request_keys`. `None`: another request
 /// holds the key (the insert did nothing, and waited first if that request had not
 /// committed); the request is recorded either way.
 async fn insert_and_claim(
@@ -133,15 +153,16 @@ async fn insert_and_claim(
                     body_truncated, verdict, reason, status, keys)
                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'accepted', NULL, 200, $9)
                 RETURNING id),
-             k AS (
-                INSERT INTO request_keys (key, request_id)
-                SELECT DISTINCT u.key, r.id FROM r, unnest($9::text[]) AS u (key)
-                ON CONFLICT DO NOTHING),
              c AS (
                 INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
                 SELECT $10, $11, $12, r.id, $1, $13 FROM r
                 ON CONFLICT (source, key) DO NOTHING
                 RETURNING request_id),
+             k AS (
+                INSERT INTO request_keys (key, request_id)
+                SELECT DISTINCT u.key, r.id FROM r, unnest($9::text[]) AS u (key)
+                WHERE NOT EXISTS (SELECT 1 FROM c)
+                ON CONFLICT DO NOTHING),
              d AS (
                 INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
                     idempotency_key, state, received_at, round_started_at, next_attempt_at,
@@ -353,7 +374,10 @@ pub(crate) async fn record_import(
     request: &RequestRecord,
     keys: &[String],
 ) -> Result<RequestId, sqlx::Error> {
-    insert_request(conn, request, Verdict::Imported, None, 202, keys).await
+    let id = insert_request(conn, request, Verdict::Imported, None, 202, keys).await?;
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    list_keys(conn, id, &keys).await?;
+    Ok(id)
 }
 
 pub(crate) async fn record_handshake(
@@ -381,7 +405,8 @@ fn bind_request<'q>(
         .bind(request.body_truncated)
 }
 
-/// Inserts the request into history, and its keys into `request_keys`, in one statement.
+/// Inserts the request into history (its keys in the `keys` column; see [`list_keys`] for
+/// the key filter's table).
 async fn insert_request(
     conn: &mut PgConnection,
     request: &RequestRecord,
@@ -392,16 +417,10 @@ async fn insert_request(
 ) -> Result<RequestId, sqlx::Error> {
     let row = bind_request(
         sqlx::query(
-            "WITH r AS (
-                INSERT INTO requests (received_at, source, method, path, peer, headers, body,
-                    body_truncated, verdict, reason, status, keys)
-                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
-                RETURNING id),
-             k AS (
-                INSERT INTO request_keys (key, request_id)
-                SELECT DISTINCT u.key, r.id FROM r, unnest($12::text[]) AS u (key)
-                ON CONFLICT DO NOTHING)
-             SELECT id FROM r",
+            "INSERT INTO requests (received_at, source, method, path, peer, headers, body,
+                body_truncated, verdict, reason, status, keys)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+             RETURNING id",
         ),
         request,
     )
@@ -412,4 +431,26 @@ async fn insert_request(
     .fetch_one(&mut *conn)
     .await?;
     Ok(RequestId(row.try_get(0)?))
+}
+
+/// Lists `keys` in `request_keys` as carried by `request_id`, for history's key filter: the
+/// keys no claim of this request points at (a claim is found by key already).
+async fn list_keys(
+    conn: &mut PgConnection,
+    request_id: RequestId,
+    keys: &[&str],
+) -> Result<(), sqlx::Error> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "INSERT INTO request_keys (key, request_id)
+         SELECT DISTINCT u.key, $2 FROM unnest($1::text[]) AS u (key)
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(keys)
+    .bind(request_id.0)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }

@@ -105,6 +105,29 @@ CREATE INDEX deliveries_ready
     ON deliveries ((GREATEST(next_attempt_at, COALESCE(lease_until, 0))), id)
     WHERE state = 'pending';
 "#,
+    // 3: as in the SQLite store, `request_keys` no longer repeats what a claim says: a request
+    // whose event it claimed is found through the claim, and only the other requests carrying a
+    // key are listed. When a claim is replaced or purged, its request keeps its key here.
+    r#"
+CREATE FUNCTION hooklatch_claim_keeps_key() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        IF OLD.request_id <> NEW.request_id THEN
+            INSERT INTO request_keys (key, request_id) VALUES (OLD.key, OLD.request_id)
+                ON CONFLICT DO NOTHING;
+        END IF;
+        RETURN NEW;
+    END IF;
+    INSERT INTO request_keys (key, request_id)
+        SELECT OLD.key, OLD.request_id WHERE EXISTS (SELECT 1 FROM requests WHERE id = OLD.request_id)
+        ON CONFLICT DO NOTHING;
+    RETURN OLD;
+END $$;
+CREATE TRIGGER claims_replaced AFTER UPDATE OF request_id ON claims
+    FOR EACH ROW EXECUTE FUNCTION hooklatch_claim_keeps_key();
+CREATE TRIGGER claims_removed AFTER DELETE ON claims
+    FOR EACH ROW EXECUTE FUNCTION hooklatch_claim_keeps_key();
+"#,
 ];
 
 /// The schema version this build writes.
