@@ -339,7 +339,8 @@ struct ReplayArgs {
     /// file.
     #[arg(value_name = "ID|FILE")]
     capture: String,
-    /// Send straight at this URL (your handler).
+    /// Send straight at this URL (your handler). Without a query of its own it gets the
+    /// capture's (a Twilio voice webhook sent as GET carries its parameters there).
     #[arg(long, value_name = "URL")]
     to: Option<String>,
     /// Send through the gateway's ingest, POST {gateway}/in/{source}.

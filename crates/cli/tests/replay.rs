@@ -421,3 +421,97 @@ async fn postgres_database() -> Option<String> {
     url.set_path(&format!("/{name}"));
     Some(url.to_string())
 }
+
+/// A Twilio voice webhook sent as GET, behind a proxy (`public_url`): replayed through the
+/// gateway it is signed for the URL the gateway checks, and straight at a handler it keeps
+/// its query, where its parameters are.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_twilio_get_replays_through_the_gateway_and_to_a_handler_with_its_query() {
+    use hooklatch_core::provider::Twilio;
+    use hooklatch_core::ProviderAdapter;
+    const TOKEN: &str = "twilio-replay-auth-token";
+    const PUBLIC: &str = "https://hooks.example.com";
+    let source = format!(
+        "[[sources]]\nname = \"twilio\"\nprovider = \"twilio\"\nsecrets = [\"{TOKEN}\"]\npublic_url = \"{PUBLIC}\"\n"
+    );
+    let gateway = Gateway::start_with(None, &[], &source).await;
+    let query = format!(
+        "CallSid={}&CallStatus=ringing&From=%2B14158675309",
+        unique("CA")
+    );
+    let path = format!("/in/twilio?{query}");
+    // As Twilio signs it: the public URL it calls.
+    let signed = Twilio::default().sign(&hooklatch_core::provider::SignRequest {
+        url: &format!("{PUBLIC}{path}"),
+        body: b"",
+        secret: &hooklatch_core::Secret::from_text(TOKEN),
+        now: Timestamp::now(),
+        event_key: "",
+        event_type: None,
+    });
+    let client = reqwest::Client::new();
+    let res = client
+        .get(format!("{}{path}", gateway.ingest))
+        .header("x-twilio-signature", &signed[0].1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let listed: Value = client
+        .get(format!("{}/v1/requests?source=twilio", gateway.admin))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let request_id = listed["items"][0]["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("one request: {listed}"))
+        .to_owned();
+    let config = gateway.config();
+    let config = config.to_str().unwrap();
+
+    // Through the gateway, re-signed from its config: checked against the public URL and
+    // answered as the duplicate it is.
+    let out = hooklatch(&[
+        "replay",
+        &request_id,
+        "--config",
+        config,
+        "--admin",
+        &gateway.admin,
+        "--via-gateway",
+        "--gateway",
+        &gateway.ingest,
+        "--times",
+        "3",
+        "--json",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let replay = &json_of(&out)["replays"][0];
+    assert_eq!(replay["answers"]["duplicate"], 3, "{replay:#}");
+
+    // Straight at a handler: a GET with the captured query.
+    let handler = Recorder::start().await;
+    let out = hooklatch(&[
+        "replay",
+        &request_id,
+        "--admin",
+        &gateway.admin,
+        "--to",
+        &handler.url,
+        "--provider",
+        "twilio",
+        "--secret",
+        TOKEN,
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let received = handler.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(received[0].method, "GET");
+    assert_eq!(received[0].uri, format!("/webhooks/stripe?{query}"));
+}

@@ -84,10 +84,19 @@ pub enum Target {
 }
 
 impl Target {
-    /// The URL a capture is sent to.
+    /// The URL a capture is sent to. A URL target without a query of its own gets the
+    /// capture's query: for a GET (Twilio's voice webhooks) the event's parameters are there.
     pub fn url_for(&self, capture: &Capture) -> String {
         match self {
-            Target::Url(url) => url.clone(),
+            Target::Url(url) => match capture.path.split_once('?') {
+                Some((_, query)) if !url.contains('?') && !query.is_empty() => {
+                    match url.split_once('#') {
+                        Some((before, fragment)) => format!("{before}?{query}#{fragment}"),
+                        None => format!("{url}?{query}"),
+                    }
+                }
+                _ => url.clone(),
+            },
             Target::Gateway(base) => {
                 let base = base.trim_end_matches('/');
                 if capture.path.starts_with("/in/") {
@@ -550,10 +559,19 @@ async fn send_one(
     match sent {
         Ok(res) => {
             let status = res.status().as_u16();
+            // A gateway's answer in a provider's own format (Twilio's TwiML) carries its
+            // verdict in a header instead of the JSON body.
+            let verdict = res
+                .headers()
+                .get("hooklatch-verdict")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             let mut body = res.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
-            let answer = serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
-                let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
-                text("status").or_else(|| text("code"))
+            let answer = verdict.or_else(|| {
+                serde_json::from_slice::<Value>(&body).ok().and_then(|v| {
+                    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
+                    text("status").or_else(|| text("code"))
+                })
             });
             body.truncate(BODY_KEPT);
             Response {
@@ -774,6 +792,25 @@ mod tests {
         assert_eq!(gateway.url_for(&capture), "http://127.0.0.1:9/in/stripe");
         capture.path = "/webhooks".to_owned();
         assert_eq!(gateway.url_for(&capture), "http://127.0.0.1:9/in/stripe");
+    }
+
+    #[test]
+    fn a_url_target_gets_the_captured_query_unless_it_has_its_own() {
+        let (mut capture, _) = stripe_capture(Timestamp(0));
+        let app = Target::Url("http://127.0.0.1:9/voice".to_owned());
+        assert_eq!(app.url_for(&capture), "http://127.0.0.1:9/voice");
+        capture.path = "/in/twilio?CallSid=CA1&CallStatus=ringing".to_owned();
+        assert_eq!(
+            app.url_for(&capture),
+            "http://127.0.0.1:9/voice?CallSid=CA1&CallStatus=ringing"
+        );
+        let own = Target::Url("http://127.0.0.1:9/voice?debug=1".to_owned());
+        assert_eq!(own.url_for(&capture), "http://127.0.0.1:9/voice?debug=1");
+        let gateway = Target::Gateway("http://127.0.0.1:9".to_owned());
+        assert_eq!(
+            gateway.url_for(&capture),
+            "http://127.0.0.1:9/in/twilio?CallSid=CA1&CallStatus=ringing"
+        );
     }
 
     #[test]

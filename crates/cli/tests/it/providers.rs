@@ -360,10 +360,16 @@ async fn a_twilio_voice_webhook_sent_as_get_is_verified_queued_once_and_delivere
     let client = reqwest::Client::new();
     let get = |url: String| client.get(url).header(&name, &signature).send();
 
-    for round in 0..2 {
+    for (round, verdict) in ["accepted", "duplicate"].into_iter().enumerate() {
         let res = get(url.clone()).await.unwrap();
         assert_eq!(res.status(), 200, "GET #{round}");
         assert_eq!(res.headers()["content-type"], "text/xml", "GET #{round}");
+        // TwiML for Twilio; the gateway's verdict and request id in headers.
+        assert_eq!(res.headers()["hooklatch-verdict"], verdict);
+        assert!(res.headers()["hooklatch-request-id"]
+            .to_str()
+            .unwrap()
+            .starts_with("req_"));
         let twiml = res.text().await.unwrap();
         assert!(twiml.contains("<Response"), "GET #{round}: {twiml}");
     }

@@ -138,6 +138,16 @@ impl Gateway {
     /// Starts a gateway whose `stripe` source delivers to `destination` (if any), with
     /// `extra_env` (e.g. a tolerance override); waits for `/readyz`.
     pub async fn start(destination: Option<&str>, extra_env: &[(&str, &str)]) -> Gateway {
+        Gateway::start_with(destination, extra_env, "").await
+    }
+
+    /// As [`Gateway::start`], with `more_sources` (TOML `[[sources]]` tables) after the Stripe
+    /// source.
+    pub async fn start_with(
+        destination: Option<&str>,
+        extra_env: &[(&str, &str)],
+        more_sources: &str,
+    ) -> Gateway {
         let dir = tempfile::Builder::new()
             .prefix("hooklatch-replay-")
             .tempdir()
@@ -153,7 +163,7 @@ impl Gateway {
             let config = format!(
                 "[server]\nlisten = \"127.0.0.1:{ingest_port}\"\nadmin_listen = \"127.0.0.1:{admin_port}\"\n\n\
                  [store]\nurl = \"sqlite://{}\"\n\n\
-                 [[sources]]\nname = \"stripe\"\nprovider = \"stripe\"\nsecrets = [\"{STRIPE_SECRET}\"]\n{destinations}",
+                 [[sources]]\nname = \"stripe\"\nprovider = \"stripe\"\nsecrets = [\"{STRIPE_SECRET}\"]\n{destinations}\n{more_sources}",
                 dir.path().join("hooklatch.db").display()
             );
             std::fs::write(dir.path().join("hooklatch.toml"), config).expect("writing config");
@@ -299,6 +309,10 @@ impl Drop for CreditService {
 /// One request the recorder received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The method.
+    pub method: String,
+    /// The path and query.
+    pub uri: String,
     /// Headers as received.
     pub headers: HeaderMap,
     /// The body, byte-exact.
@@ -361,6 +375,8 @@ impl Drop for Recorder {
 
 async fn record(
     State(state): State<Arc<RecorderState>>,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -380,6 +396,8 @@ async fn record(
     let n = {
         let mut received = state.received.lock().expect("lock");
         received.push(Received {
+            method: method.to_string(),
+            uri: uri.to_string(),
             headers,
             body,
             signature_valid,

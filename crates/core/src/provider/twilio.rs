@@ -136,8 +136,16 @@ impl ProviderAdapter for Twilio {
     /// URL alone (the caller puts the right hash in it). `I-Twilio-Idempotency-Token` is set to
     /// the event key: Twilio sends that header on its webhooks, and [`Twilio::extract`] prefers
     /// it, so the key a test sender reports is the key the gateway deduplicates on.
+    /// Signs the URL this adapter checks: with [`Twilio::public_url`], that base plus the path
+    /// and query of `req.url` (the gateway behind its proxy, as Twilio calls it); else
+    /// `req.url` as given.
     fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)> {
-        let url = req.url.split('#').next().unwrap_or_default();
+        let given = req.url.split('#').next().unwrap_or_default();
+        let url = match &self.public_url {
+            Some(base) => format!("{}{}", base.trim_end_matches('/'), path_and_query(given)),
+            None => given.to_owned(),
+        };
+        let url = url.as_str();
         let params = match query_param(query_of(url), BODY_HASH_PARAM) {
             Some(_) => Vec::new(),
             None => sorted_params(req.body),
@@ -260,6 +268,15 @@ fn is_json(headers: &HeaderMap) -> bool {
 }
 
 /// The query string of a URL or request target (after `?`, before `#`).
+/// The path and query of an absolute URL (`/in/twilio?a=1` of `http://h:8080/in/twilio?a=1`);
+/// a URL that is already a path is returned as it is.
+fn path_and_query(url: &str) -> &str {
+    match url.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("/", |at| &rest[at..]),
+        None => url,
+    }
+}
+
 fn query_of(url: &str) -> &str {
     let without_fragment = url.split('#').next().unwrap_or_default();
     without_fragment
@@ -545,6 +562,46 @@ mod tests {
             &sig,
         );
         assert_eq!(tampered.map_err(|r| r.code()), Err("invalid_signature"));
+    }
+
+    /// Replaying through a gateway behind a proxy: the request goes to the gateway's own
+    /// address, but the adapter checks `public_url` + path and query, so that is what it signs.
+    #[test]
+    fn with_a_public_url_the_signer_signs_the_url_the_gateway_checks() {
+        let secret = Secret::from_text(TOKEN);
+        let path = "/in/twilio?CallSid=CA1&CallStatus=ringing";
+        let body = form(&[("CallSid", "CA1"), ("CallStatus", "ringing")]);
+        for sent_to in [format!("http://127.0.0.1:8080{path}"), path.to_owned()] {
+            let signed = twilio(Some(VECTOR_BASE)).sign(&SignRequest {
+                url: &sent_to,
+                body: &body,
+                secret: &secret,
+                now: Timestamp::from_secs(0),
+                event_key: "tok-1",
+                event_type: None,
+            });
+            let headers = headers(&[
+                ("content-type", FORM),
+                ("host", "127.0.0.1:8080"),
+                (SIGNATURE_HEADER, &signed[0].1),
+            ]);
+            let req = request(path, &headers, &body);
+            let verify = |adapter: Twilio| {
+                adapter.verify(&req, std::slice::from_ref(&secret), Duration::ZERO)
+            };
+            assert_eq!(
+                verify(twilio(Some(VECTOR_BASE))),
+                Ok(()),
+                "sent to {sent_to}"
+            );
+            // Not the URL it was sent to: without the public URL the check fails.
+            assert_eq!(
+                verify(Twilio::default()).map_err(|r| r.code()),
+                Err("invalid_signature")
+            );
+        }
+        assert_eq!(path_and_query("https://h.example:8443/a/b?c=d"), "/a/b?c=d");
+        assert_eq!(path_and_query("https://h.example"), "/");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
@@ -214,6 +214,12 @@ async fn handshake(
     provider_response(reply)
 }
 
+/// On an answer in a provider's own format: the gateway's verdict (`accepted`, `duplicate`,
+/// `conflict`), which its JSON answer carries as `status`.
+const VERDICT_HEADER: HeaderName = HeaderName::from_static("hooklatch-verdict");
+/// On an answer in a provider's own format: the request's id in history (`req_7`).
+const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("hooklatch-request-id");
+
 fn provider_response(reply: ProviderReply) -> Response {
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
     (
@@ -317,8 +323,15 @@ async fn accept(
     tracing::debug!(source = %source.name, request = %outcome.request_id, verdict = verdict.as_str(), "ingested");
     if let Some(reply) = ack {
         // The provider needs its own format (TwiML, a Discord interaction response), the same
-        // for new events, duplicates and conflicts.
-        return provider_response(reply);
+        // for new events, duplicates and conflicts; the verdict and request id ride in headers
+        // (for replay and for people reading a capture), which providers ignore.
+        let mut res = provider_response(reply);
+        let headers = res.headers_mut();
+        headers.insert(VERDICT_HEADER, HeaderValue::from_static(verdict.as_str()));
+        if let Ok(id) = HeaderValue::from_str(&outcome.request_id.to_string()) {
+            headers.insert(REQUEST_ID_HEADER, id);
+        }
+        return res;
     }
 
     let events: Vec<_> = outcome
