@@ -86,6 +86,9 @@ pub(crate) async fn ingest(
     // Deliveries are then queued, and answers given, in event order (as SQLite does).
     let mut order: Vec<usize> = (0..ingest.events.len()).collect();
     order.sort_by_key(|&i| ingest.events[i].key.as_str());
+    // Whether a claim row made here points at this request (not so for an external key
+    // store's decision, even a new one).
+    let mut claimed_here = vec![false; ingest.events.len()];
     for i in order {
         claimed[i] = Some(match &ingest.keys {
             // An external key store decided; an event it said nothing about is claimed here.
@@ -93,7 +96,11 @@ pub(crate) async fn ingest(
                 Claim::New { .. } => Claimed::Ours,
                 earlier => Claimed::Earlier(earlier.clone()),
             },
-            _ => claim(conn, ingest, &ingest.events[i], request_id).await?,
+            _ => {
+                let found = claim(conn, ingest, &ingest.events[i], request_id).await?;
+                claimed_here[i] = matches!(found, Claimed::Ours);
+                found
+            }
         });
     }
     // A claim made here points at this request, and history finds the request through it;
@@ -102,13 +109,9 @@ pub(crate) async fn ingest(
         let unclaimed: Vec<&str> = ingest
             .events
             .iter()
-            .zip(&claimed)
-            .enumerate()
-            .filter(|(i, (_, claimed))| {
-                let decided = matches!(&ingest.keys, KeyDecision::Decided(d) if *i < d.len());
-                decided || !matches!(claimed, Some(Claimed::Ours))
-            })
-            .map(|(_, (event, _))| event.key.as_str())
+            .zip(&claimed_here)
+            .filter(|(_, here)| !**here)
+            .map(|(event, _)| event.key.as_str())
             .collect();
         list_keys(conn, request_id, &unclaimed).await?;
     }
