@@ -8,6 +8,7 @@
 //! Facts per provider (schemes, keys, quirks, test vectors) come from `providers.md`.
 
 mod discord;
+mod fields;
 mod generic;
 mod github;
 mod paddle;

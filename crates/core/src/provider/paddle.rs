@@ -12,9 +12,10 @@
 
 use std::time::Duration;
 
+use crate::provider::fields::top_level_strings;
 use crate::provider::{
-    check_tolerance, event_key, malformed, parse_json, signature_value, ExtractedEvent,
-    InboundRequest, ProviderAdapter, Rejection, SignRequest,
+    check_tolerance, event_key, malformed, signature_value, ExtractedEvent, InboundRequest,
+    ProviderAdapter, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -67,19 +68,13 @@ impl ProviderAdapter for Paddle {
     }
 
     fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection> {
-        let body = parse_json(req.body)?;
-        let id = body
-            .get("event_id")
-            .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| Rejection::MissingKey {
-                detail: KEY_FIELD.to_owned(),
-            })?;
+        let [id, event_type] = top_level_strings(req.body, ["event_id", "event_type"])?;
+        let id = id.ok_or_else(|| Rejection::MissingKey {
+            detail: KEY_FIELD.to_owned(),
+        })?;
         Ok(vec![ExtractedEvent {
-            key: event_key(id, KEY_FIELD)?,
-            event_type: body
-                .get("event_type")
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned),
+            key: event_key(&id, KEY_FIELD)?,
+            event_type,
         }])
     }
 

@@ -9,8 +9,9 @@
 
 use std::time::Duration;
 
+use crate::provider::fields::top_level_strings;
 use crate::provider::{
-    event_key, header_str, malformed, parse_json, signature_value, ExtractedEvent, InboundRequest,
+    event_key, header_str, malformed, signature_value, ExtractedEvent, InboundRequest,
     ProviderAdapter, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
@@ -49,17 +50,14 @@ impl ProviderAdapter for Razorpay {
     fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection> {
         // Razorpay always sends JSON; a body that is not JSON is refused even though the key
         // lives in a header.
-        let body = parse_json(req.body)?;
+        let [event_type] = top_level_strings(req.body, ["event"])?;
         let place = format!("header {EVENT_ID_HEADER}");
         let id = header_str(req.headers, EVENT_ID_HEADER).ok_or_else(|| Rejection::MissingKey {
             detail: place.clone(),
         })?;
         Ok(vec![ExtractedEvent {
             key: event_key(id, &place)?,
-            event_type: body
-                .get("event")
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned),
+            event_type,
         }])
     }
 

@@ -7,9 +7,10 @@
 
 use std::time::Duration;
 
+use crate::provider::fields::top_level_strings;
 use crate::provider::{
-    check_tolerance, event_key, malformed, parse_json, signature_value, ExtractedEvent,
-    InboundRequest, ProviderAdapter, Rejection, SignRequest,
+    check_tolerance, event_key, malformed, signature_value, ExtractedEvent, InboundRequest,
+    ProviderAdapter, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -62,19 +63,13 @@ impl ProviderAdapter for Stripe {
     }
 
     fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection> {
-        let body = parse_json(req.body)?;
-        let id = body
-            .get("id")
-            .and_then(serde_json::Value::as_str)
-            .ok_or_else(|| Rejection::MissingKey {
-                detail: KEY_FIELD.to_owned(),
-            })?;
+        let [id, event_type] = top_level_strings(req.body, ["id", "type"])?;
+        let id = id.ok_or_else(|| Rejection::MissingKey {
+            detail: KEY_FIELD.to_owned(),
+        })?;
         Ok(vec![ExtractedEvent {
-            key: event_key(id, KEY_FIELD)?,
-            event_type: body
-                .get("type")
-                .and_then(serde_json::Value::as_str)
-                .map(str::to_owned),
+            key: event_key(&id, KEY_FIELD)?,
+            event_type,
         }])
     }
 
