@@ -73,8 +73,7 @@ async fn replay_ten_times_ten_at_once_reports_every_status_and_the_exit_code() {
     // Some answers are 500: reported, and the exit status says so.
     handler.fail_every(5);
     let out = hooklatch(&args).await;
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    let replay = &json_of(&out)["replays"][0];
+    let replay = &first_replay(&out, 1);
     assert_eq!(replay["statuses"]["200"], 8, "{replay:#}");
     assert_eq!(replay["statuses"]["500"], 2, "{replay:#}");
     assert_eq!(replay["ok"], false);
@@ -125,8 +124,7 @@ async fn an_old_capture_replays_with_resign_and_is_refused_with_original() {
         "--json",
     ])
     .await;
-    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
-    let replay = &json_of(&out)["replays"][0];
+    let replay = &first_replay(&out, 1);
     assert_eq!(replay["statuses"]["401"], 1, "{replay:#}");
     assert_eq!(replay["answers"]["stale_timestamp"], 1, "{replay:#}");
 
@@ -143,8 +141,7 @@ async fn an_old_capture_replays_with_resign_and_is_refused_with_original() {
         "--json",
     ])
     .await;
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    let replay = &json_of(&out)["replays"][0];
+    let replay = &first_replay(&out, 0);
     assert_eq!(replay["statuses"]["200"], 3, "{replay:#}");
     assert_eq!(replay["answers"]["accepted"], 1, "{replay:#}");
     assert_eq!(replay["answers"]["duplicate"], 2, "{replay:#}");
@@ -490,8 +487,7 @@ async fn a_twilio_get_replays_through_the_gateway_and_to_a_handler_with_its_quer
         "--json",
     ])
     .await;
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    let replay = &json_of(&out)["replays"][0];
+    let replay = &first_replay(&out, 0);
     assert_eq!(replay["answers"]["duplicate"], 3, "{replay:#}");
 
     // Straight at a handler: a GET with the captured query.

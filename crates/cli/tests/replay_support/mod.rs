@@ -111,6 +111,13 @@ pub fn json_of(out: &Output) -> Value {
     })
 }
 
+/// The first report of a `replay --json` run that exited with `code`.
+#[track_caller]
+pub fn first_replay(out: &Output, code: i32) -> Value {
+    assert_eq!(out.status.code(), Some(code), "{}", show(out));
+    json_of(out)["replays"][0].clone()
+}
+
 /// stdout and stderr, for assertion messages.
 pub fn show(out: &Output) -> String {
     format!(
