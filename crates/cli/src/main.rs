@@ -691,7 +691,7 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let (status, body) = runtime
+    let (status, verdict, body) = runtime
         .block_on(async {
             let client = reqwest::Client::builder()
                 .redirect(reqwest::redirect::Policy::none())
@@ -703,12 +703,23 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
             }
             let res = req.send().await?;
             let status = res.status();
+            // A gateway's answer in the provider's own format (Twilio's TwiML) carries its
+            // verdict in headers rather than in a JSON body.
+            let verdict = ["hooklatch-verdict", "hooklatch-request-id"]
+                .iter()
+                .filter_map(|name| res.headers().get(*name)?.to_str().ok())
+                .collect::<Vec<_>>()
+                .join(", ");
             let body = res.text().await?;
-            Ok::<_, reqwest::Error>((status, body))
+            Ok::<_, reqwest::Error>((status, verdict, body))
         })
         .with_context(|| format!("sending to {to}"))?;
     println!("sent {provider} {} {}", event.event_type, event.key);
-    println!("{status}");
+    if verdict.is_empty() {
+        println!("{status}");
+    } else {
+        println!("{status} ({verdict})");
+    }
     if !body.is_empty() {
         println!("{body}");
     }

@@ -423,3 +423,42 @@ async fn a_twilio_voice_webhook_sent_as_get_is_verified_queued_once_and_delivere
         1
     );
 }
+
+/// `hooklatch send` against a source answered in the provider's own format (TwiML): the
+/// gateway's verdict and request id, from its headers, on the status line.
+#[tokio::test(flavor = "multi_thread")]
+async fn send_shows_the_verdict_of_an_answer_in_twiml() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options()).await;
+    let url = format!("http://{}/in/p-twilio", gateway.ingest().addr());
+    let id = unique("SM");
+    let send = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args([
+                "send",
+                "twilio",
+                "--id",
+                &id,
+                "--secret",
+                "twilio-auth-token",
+            ])
+            .args(["--to", &url])
+            .output()
+            .expect("running hooklatch send");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    for verdict in ["accepted", "duplicate"] {
+        let stdout = send();
+        let status = stdout.lines().nth(1).unwrap_or_default();
+        assert!(
+            status.starts_with(&format!("200 OK ({verdict}, req_")),
+            "{stdout}"
+        );
+        assert!(stdout.contains("<Response"), "{stdout}");
+    }
+}
