@@ -26,6 +26,23 @@ use hooklatch_core::headers;
 
 use crate::{ingest, simple, WORK_CHANNEL};
 
+/// Takes the rows of a CTE `due` (ids): leases them to the owner in parameter `$owner` until
+/// the time in `$until`, and selects each with its request, as [`leased_delivery`] reads it.
+fn leased(owner: u8, until: u8) -> String {
+    format!(
+        "leased AS (
+            UPDATE deliveries d SET lease_owner = ${owner}, lease_until = ${until}
+            FROM due WHERE d.id = due.id
+            RETURNING d.id, d.request_id, d.source, d.event_key, d.event_type, d.destination,
+                d.idempotency_key, d.attempts, d.round_started_at, d.next_attempt_at)
+         SELECT l.id, l.request_id, l.source, l.event_key, l.event_type, l.destination,
+            l.idempotency_key, l.attempts, l.round_started_at, r.headers, r.body, r.method,
+            r.path
+         FROM leased l JOIN requests r ON r.id = l.request_id
+         ORDER BY l.next_attempt_at, l.id"
+    )
+}
+
 pub(crate) async fn lease_due(
     conn: impl sqlx::PgExecutor<'_>,
     owner: &str,
@@ -37,49 +54,45 @@ pub(crate) async fn lease_due(
     // In READ COMMITTED, a row another leaser committed after this statement's snapshot is
     // re-checked under its lock (its new lease_until fails the test) and dropped, so a row is
     // never handed to two live leases.
-    let rows = sqlx::query(
-        "WITH due AS (
-            SELECT id FROM deliveries
-            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= $3
-            ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
-            LIMIT $4
-            FOR UPDATE SKIP LOCKED),
-         leased AS (
-            UPDATE deliveries d SET lease_owner = $1, lease_until = $2
-            FROM due WHERE d.id = due.id
-            RETURNING d.id, d.request_id, d.source, d.event_key, d.event_type, d.destination,
-                d.idempotency_key, d.attempts, d.round_started_at, d.next_attempt_at)
-         SELECT l.id, l.request_id, l.source, l.event_key, l.event_type, l.destination,
-            l.idempotency_key, l.attempts, l.round_started_at, r.headers, r.body, r.method,
-            r.path
-         FROM leased l JOIN requests r ON r.id = l.request_id
-         ORDER BY l.next_attempt_at, l.id",
-    )
-    .bind(owner)
-    .bind(until.0)
-    .bind(now.0)
-    .bind(i64::from(limit))
-    .fetch_all(conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(LeasedDelivery {
-                id: DeliveryId(r.try_get(0)?),
-                request_id: RequestId(r.try_get(1)?),
-                source: r.try_get(2)?,
-                event_key: r.try_get(3)?,
-                event_type: r.try_get(4)?,
-                destination: r.try_get(5)?,
-                idempotency_key: IdempotencyKey::from_stored(r.try_get(6)?),
-                attempts: count(r.try_get(7)?),
-                round_started_at: Timestamp(r.try_get(8)?),
-                method: r.try_get(11)?,
-                path: r.try_get(12)?,
-                headers: headers::decode(r.try_get(9)?),
-                body: Bytes::from(r.try_get::<Vec<u8>, _>(10)?),
-            })
-        })
-        .collect()
+    static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "WITH due AS (
+                SELECT id FROM deliveries
+                WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= $3
+                ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
+                LIMIT $4
+                FOR UPDATE SKIP LOCKED),
+             {}",
+            leased(1, 2)
+        )
+    });
+    let rows = sqlx::query(&LEASE_DUE)
+        .bind(owner)
+        .bind(until.0)
+        .bind(now.0)
+        .bind(i64::from(limit))
+        .fetch_all(conn)
+        .await?;
+    rows.iter().map(leased_delivery).collect()
+}
+
+/// A row of [`leased`]'s final `SELECT`.
+fn leased_delivery(r: &sqlx::postgres::PgRow) -> Result<LeasedDelivery, sqlx::Error> {
+    Ok(LeasedDelivery {
+        id: DeliveryId(r.try_get(0)?),
+        request_id: RequestId(r.try_get(1)?),
+        source: r.try_get(2)?,
+        event_key: r.try_get(3)?,
+        event_type: r.try_get(4)?,
+        destination: r.try_get(5)?,
+        idempotency_key: IdempotencyKey::from_stored(r.try_get(6)?),
+        attempts: count(r.try_get(7)?),
+        round_started_at: Timestamp(r.try_get(8)?),
+        method: r.try_get(11)?,
+        path: r.try_get(12)?,
+        headers: headers::decode(r.try_get(9)?),
+        body: Bytes::from(r.try_get::<Vec<u8>, _>(10)?),
+    })
 }
 
 /// Whether an attempt may move its delivery: still pending, and not leased by another worker
@@ -87,12 +100,12 @@ pub(crate) async fn lease_due(
 /// row lock the update holds.
 const MOVABLE: &str = "(state = 'pending' AND (lease_owner IS NULL OR lease_owner = $2))";
 
-/// Records an attempt and, when [`MOVABLE`], moves the delivery, in one statement: the attempt
-/// is numbered by `total_attempts`, counted even when it may not move the row.
-static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
+/// The attempt's row update, as a CTE `moved`: counts the attempt in `total_attempts` even when
+/// it may not move the row, and moves the row only when [`MOVABLE`].
+static MOVED: LazyLock<String> = LazyLock::new(|| {
     let m = MOVABLE;
     format!(
-        "WITH moved AS (
+        "moved AS (
             UPDATE deliveries SET
                 total_attempts = total_attempts + 1,
                 state = CASE WHEN {m} THEN $3 ELSE state END,
@@ -104,24 +117,53 @@ static RECORD_ATTEMPT: LazyLock<String> = LazyLock::new(|| {
                 last_error = CASE WHEN {m} THEN COALESCE($5, last_error) ELSE last_error END,
                 updated_at = CASE WHEN {m} THEN $6 ELSE updated_at END
             WHERE id = $1
-            RETURNING id, total_attempts)
-         INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
-         SELECT id, total_attempts, $7, $8, $9, $5 FROM moved"
+            RETURNING id, total_attempts)"
     )
 });
 
-pub(crate) async fn record_attempt(
-    conn: impl sqlx::PgExecutor<'_>,
-    result: &AttemptResult,
-) -> Result<(), sqlx::Error> {
+/// The attempt's own row, numbered by `total_attempts` (a delivery purged meanwhile updates no
+/// row in `moved`, and so records nothing).
+const INSERT_ATTEMPT: &str =
+    "INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
+         SELECT id, total_attempts, $7, $8, $9, $5 FROM moved";
+
+/// Records an attempt and, when [`MOVABLE`], moves the delivery, in one statement.
+static RECORD_ATTEMPT: LazyLock<String> =
+    LazyLock::new(|| format!("WITH {} {INSERT_ATTEMPT}", *MOVED));
+
+/// Records an attempt, moves its delivery, and leases the worker's next due delivery, in one
+/// statement (one round trip instead of two). The sub-statements share one snapshot, in which
+/// the attempt's own delivery is still leased (so not due); it is also excluded by id, since
+/// one statement must not update a row twice. `$10`: the new lease's end, `$11`: now.
+static RECORD_ATTEMPT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH {moved},
+         recorded AS ({INSERT_ATTEMPT}),
+         due AS (
+            SELECT id FROM deliveries
+            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= $11
+              AND id <> $1
+            ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
+            LIMIT 1
+            FOR UPDATE SKIP LOCKED),
+         {leased}",
+        moved = *MOVED,
+        leased = leased(2, 10)
+    )
+});
+
+/// Binds an attempt's `$1`–`$9` (see [`MOVED`] and [`INSERT_ATTEMPT`]).
+fn bind_attempt<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    result: &'q AttemptResult,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     let (state, next_at) = match result.next {
         AttemptNext::Delivered => (DeliveryState::Delivered, None),
         AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
         AttemptNext::DeadLetter => (DeliveryState::Dead, None),
     };
     let now = result.started_at.plus(result.latency);
-    // A delivery purged meanwhile updates no row, and so records nothing.
-    sqlx::query(&RECORD_ATTEMPT)
+    query
         .bind(result.delivery.0)
         .bind(&result.owner)
         .bind(state.as_str())
@@ -131,9 +173,32 @@ pub(crate) async fn record_attempt(
         .bind(result.started_at.0)
         .bind(result.status.map(i32::from))
         .bind(i64::try_from(result.latency.as_millis()).unwrap_or(i64::MAX))
+}
+
+pub(crate) async fn record_attempt(
+    conn: impl sqlx::PgExecutor<'_>,
+    result: &AttemptResult,
+) -> Result<(), sqlx::Error> {
+    bind_attempt(sqlx::query(&RECORD_ATTEMPT), result)
         .execute(conn)
         .await?;
     Ok(())
+}
+
+/// [`record_attempt`], then the worker's next lease ([`lease_due`] of one row), in one
+/// statement.
+pub(crate) async fn record_attempt_and_lease(
+    conn: impl sqlx::PgExecutor<'_>,
+    result: &AttemptResult,
+    now: Timestamp,
+    lease: Duration,
+) -> Result<Option<LeasedDelivery>, sqlx::Error> {
+    let row = bind_attempt(sqlx::query(&RECORD_ATTEMPT_AND_LEASE), result)
+        .bind(now.plus(lease).0)
+        .bind(now.0)
+        .fetch_optional(conn)
+        .await?;
+    row.as_ref().map(leased_delivery).transpose()
 }
 
 pub(crate) async fn release_leases(pool: &PgPool, owner: &str) -> Result<(), sqlx::Error> {

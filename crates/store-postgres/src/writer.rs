@@ -106,16 +106,17 @@ impl Work {
             Work::Handshake(request, status) => {
                 Done::Request(ingest::record_handshake(conn, request, *status).await?)
             }
-            Work::Attempt { result, next } => {
-                outbox::record_attempt(&mut *conn, result).await?;
-                let leased = match next {
-                    Some((now, lease)) => {
-                        outbox::lease_due(&mut *conn, &result.owner, *now, *lease, 1).await?
-                    }
-                    None => Vec::new(),
-                };
-                Done::Attempt(leased.into_iter().next().map(Box::new))
-            }
+            Work::Attempt { result, next } => Done::Attempt(match next {
+                Some((now, lease)) => {
+                    outbox::record_attempt_and_lease(&mut *conn, result, *now, *lease)
+                        .await?
+                        .map(Box::new)
+                }
+                None => {
+                    outbox::record_attempt(&mut *conn, result).await?;
+                    None
+                }
+            }),
         })
     }
 }
