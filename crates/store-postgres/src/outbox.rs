@@ -6,8 +6,9 @@
 //! taking instead of waiting for them or taking them twice; a row whose lease is still running
 //! is not due. A worker (or instance) that dies holding a lease loses it when `lease_until`
 //! passes, and any instance takes the row over; a worker that stops cleanly gives it back at
-//! once. Each call here is one statement or one short transaction on a pooled connection: none
-//! of them needs group commit, and none waits on the claim locks ingest takes.
+//! once. Each call here is one statement or one short transaction, and none waits on the claim
+//! locks ingest takes; a delivery attempt (with the worker's next lease, one statement) runs
+//! inside a group commit ([`crate::writer`]), the rest on a pooled connection of its own.
 //!
 //! Statements that make rows due now (redrive, redelivery, released leases) also
 //! `NOTIFY hooklatch_work`, delivered on commit, so idle workers everywhere wake up.
@@ -25,6 +26,21 @@ use sqlx::{PgConnection, PgPool, Row};
 use hooklatch_core::headers;
 
 use crate::{ingest, simple, WORK_CHANNEL};
+
+/// A CTE `due`: the ids of up to `limit` pending rows whose time (the later of their next
+/// attempt and their lease's end) has come by the time in parameter `$now`, earliest first,
+/// locked, skipping rows another leaser holds; `and` narrows it further.
+fn due(now: u8, limit: &str, and: &str) -> String {
+    format!(
+        "due AS (
+            SELECT id FROM deliveries
+            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= ${now}
+              {and}
+            ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
+            LIMIT {limit}
+            FOR UPDATE SKIP LOCKED)"
+    )
+}
 
 /// Takes the rows of a CTE `due` (ids): leases them to the owner in parameter `$owner` until
 /// the time in `$until`, and selects each with its request, as [`leased_delivery`] reads it.
@@ -54,18 +70,8 @@ pub(crate) async fn lease_due(
     // In READ COMMITTED, a row another leaser committed after this statement's snapshot is
     // re-checked under its lock (its new lease_until fails the test) and dropped, so a row is
     // never handed to two live leases.
-    static LEASE_DUE: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "WITH due AS (
-                SELECT id FROM deliveries
-                WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= $3
-                ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
-                LIMIT $4
-                FOR UPDATE SKIP LOCKED),
-             {}",
-            leased(1, 2)
-        )
-    });
+    static LEASE_DUE: LazyLock<String> =
+        LazyLock::new(|| format!("WITH {}, {}", due(3, "$4", ""), leased(1, 2)));
     let rows = sqlx::query(&LEASE_DUE)
         .bind(owner)
         .bind(until.0)
@@ -137,17 +143,9 @@ static RECORD_ATTEMPT: LazyLock<String> =
 /// one statement must not update a row twice. `$10`: the new lease's end, `$11`: now.
 static RECORD_ATTEMPT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "WITH {moved},
-         recorded AS ({INSERT_ATTEMPT}),
-         due AS (
-            SELECT id FROM deliveries
-            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) <= $11
-              AND id <> $1
-            ORDER BY GREATEST(next_attempt_at, COALESCE(lease_until, 0)), id
-            LIMIT 1
-            FOR UPDATE SKIP LOCKED),
-         {leased}",
+        "WITH {moved}, recorded AS ({INSERT_ATTEMPT}), {due}, {leased}",
         moved = *MOVED,
+        due = due(11, "1", "AND id <> $1"),
         leased = leased(2, 10)
     )
 });
