@@ -705,11 +705,14 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
             let status = res.status();
             // A gateway's answer in the provider's own format (Twilio's TwiML) carries its
             // verdict in headers rather than in a JSON body.
-            let verdict = ["hooklatch-verdict", "hooklatch-request-id"]
-                .iter()
-                .filter_map(|name| res.headers().get(*name)?.to_str().ok())
-                .collect::<Vec<_>>()
-                .join(", ");
+            let verdict = [
+                hooklatch::http::VERDICT_HEADER,
+                hooklatch::http::REQUEST_ID_HEADER,
+            ]
+            .iter()
+            .filter_map(|name| res.headers().get(*name)?.to_str().ok())
+            .collect::<Vec<_>>()
+            .join(", ");
             let body = res.text().await?;
             Ok::<_, reqwest::Error>((status, verdict, body))
         })

@@ -48,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Settings;
 pub use hooklatch_core as core;
+pub use hooklatch_http as http;
 
 /// An open store, and the task that wakes workers when another instance queues work (for
 /// stores shared between instances).

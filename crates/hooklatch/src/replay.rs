@@ -563,7 +563,7 @@ async fn send_one(
             // verdict in a header instead of the JSON body.
             let verdict = res
                 .headers()
-                .get("hooklatch-verdict")
+                .get(hooklatch_http::VERDICT_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
             let mut body = res.bytes().await.map(|b| b.to_vec()).unwrap_or_default();

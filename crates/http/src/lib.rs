@@ -30,6 +30,13 @@ use tracing::Level;
 
 pub use error::ApiError;
 
+/// On an ingest answer in a provider's own format (Twilio's TwiML, Discord's deferred
+/// response): the gateway's verdict (`accepted`, `duplicate`, `conflict`), which its JSON
+/// answer carries as `status`.
+pub const VERDICT_HEADER: &str = "hooklatch-verdict";
+/// On the same answers: the request's id in history (`req_7`).
+pub const REQUEST_ID_HEADER: &str = "hooklatch-request-id";
+
 /// A configured source, resolved: what ingest needs to verify and claim its deliveries.
 #[derive(Debug, Clone)]
 pub struct Source {

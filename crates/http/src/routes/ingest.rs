@@ -214,11 +214,9 @@ async fn handshake(
     provider_response(reply)
 }
 
-/// On an answer in a provider's own format: the gateway's verdict (`accepted`, `duplicate`,
-/// `conflict`), which its JSON answer carries as `status`.
-const VERDICT_HEADER: HeaderName = HeaderName::from_static("hooklatch-verdict");
-/// On an answer in a provider's own format: the request's id in history (`req_7`).
-const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("hooklatch-request-id");
+/// [`crate::VERDICT_HEADER`] and [`crate::REQUEST_ID_HEADER`], as header names.
+const VERDICT_HEADER: HeaderName = HeaderName::from_static(crate::VERDICT_HEADER);
+const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static(crate::REQUEST_ID_HEADER);
 
 fn provider_response(reply: ProviderReply) -> Response {
     let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK);
