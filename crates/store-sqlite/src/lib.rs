@@ -3,8 +3,8 @@
 //! Durability: WAL with `synchronous=FULL`, checked on every connection at open; a commit is
 //! fsynced before [`Store::ingest`] returns. Throughput: every write goes through one writer
 //! thread ([`writer`]) that takes whatever jobs are waiting and commits them as one transaction
-//! (group commit), so one fsync covers many requests. Each job runs inside its own savepoint, so
-//! one job's failure does not undo its neighbours.
+//! (group commit), so one fsync covers many requests. One job's failure does not undo its
+//! neighbours: the batch then runs again with each job in its own savepoint.
 //!
 //! Cancellation: callers hand a job to the writer thread and wait for its reply. A caller whose
 //! future is dropped (a provider hung up) only drops the reply; the job still commits or rolls
