@@ -1,5 +1,8 @@
 //! The ingest job: record the request, claim each key, queue new events. Runs inside a
-//! writer's group-commit transaction ([`crate::writer`]), in its own savepoint.
+//! writer's group-commit transaction ([`crate::writer`]). A one-event ingest does it in one
+//! statement ([`insert_and_claim`]), and the one-event ingests of a batch in one statement
+//! together ([`insert_and_claim_many`]); what is left (a key held by another request, several
+//! events) goes claim by claim.
 //!
 //! A claim is `INSERT … ON CONFLICT (source, key) DO NOTHING` on the claims table's primary
 //! key. When another transaction (another batch of this instance, or another instance) holds
@@ -56,31 +59,60 @@ pub(crate) async fn ingest(
     conn: &mut PgConnection,
     ingest: &Ingest,
 ) -> Result<IngestOutcome, sqlx::Error> {
+    // The common case, one event claimed here: one round trip when the claim is new.
+    if let Some(event) = one_event_claimed_here(ingest) {
+        let keys = [event.key.as_str().to_owned()];
+        let (request_id, deliveries) = insert_and_claim(conn, ingest, event, &keys).await?;
+        return settle(conn, ingest, request_id, deliveries).await;
+    }
     let keys: Vec<String> = ingest
         .events
         .iter()
         .map(|e| e.key.as_str().to_owned())
         .collect();
+    let request_id =
+        insert_request(conn, &ingest.request, Verdict::Accepted, None, 200, &keys).await?;
+    claim_all(conn, ingest, request_id, false).await
+}
+
+/// The event of a one-event ingest whose key is claimed in this store (no external key store
+/// decided it): the ingests [`insert_and_claim`] and [`insert_and_claim_many`] take.
+pub(crate) fn one_event_claimed_here(ingest: &Ingest) -> Option<&NewEvent> {
+    match (ingest.events.as_slice(), &ingest.keys) {
+        ([event], KeyDecision::Store) => Some(event),
+        _ => None,
+    }
+}
+
+/// Finishes a one-event ingest after its request was recorded and its claim tried in one
+/// statement: `deliveries` are those the new claim queued, or `None` when another request
+/// holds the key (its key is listed in `request_keys` already).
+pub(crate) async fn settle(
+    conn: &mut PgConnection,
+    ingest: &Ingest,
+    request_id: RequestId,
+    deliveries: Option<Vec<DeliveryId>>,
+) -> Result<IngestOutcome, sqlx::Error> {
+    match (deliveries, ingest.events.first()) {
+        (Some(deliveries), Some(event)) => Ok(IngestOutcome {
+            request_id,
+            claims: vec![(event.key.clone(), Claim::New { deliveries })],
+        }),
+        // Held by another request: the general path reads it (or replaces it if it has
+        // expired).
+        _ => claim_all(conn, ingest, request_id, true).await,
+    }
+}
+
+/// Claims every key of a recorded request and queues its new events. `listed`: the keys are
+/// in `request_keys` already.
+async fn claim_all(
+    conn: &mut PgConnection,
+    ingest: &Ingest,
+    request_id: RequestId,
+    listed: bool,
+) -> Result<IngestOutcome, sqlx::Error> {
     let mut claimed: Vec<Option<Claimed>> = vec![None; ingest.events.len()];
-    // Whether the keys are already listed in `request_keys` (see `insert_and_claim`).
-    let mut listed = false;
-    let request_id = match (ingest.events.as_slice(), &ingest.keys) {
-        // The common case, one event claimed here: one round trip when the claim is new.
-        ([event], KeyDecision::Store) => {
-            let (request_id, deliveries) = insert_and_claim(conn, ingest, event, &keys).await?;
-            if let Some(deliveries) = deliveries {
-                return Ok(IngestOutcome {
-                    request_id,
-                    claims: vec![(event.key.clone(), Claim::New { deliveries })],
-                });
-            }
-            // Held by another request: the general path below reads it (or replaces it if
-            // it has expired).
-            listed = true;
-            request_id
-        }
-        _ => insert_request(conn, &ingest.request, Verdict::Accepted, None, 200, &keys).await?,
-    };
     // Keys are claimed in key order, the same order in every batch and on every instance, so
     // two transactions claiming overlapping keys wait for each other instead of deadlocking.
     // Deliveries are then queued, and answers given, in event order (as SQLite does).
@@ -195,6 +227,140 @@ async fn insert_and_claim(
         request_id,
         claimed.then(|| deliveries.into_iter().map(DeliveryId).collect()),
     ))
+}
+
+/// [`insert_and_claim`] for many one-event ingests of a batch in one statement: one round
+/// trip instead of one each. Answers in the order given.
+///
+/// Request ids are drawn from the identity's sequence first, so every row of the statement
+/// knows its request. Claims are inserted in `(source, key)` order, as the batch's jobs would
+/// claim them, and of two copies of one key in the batch the earlier one claims it (the later
+/// one's insert does nothing, as it would in a statement of its own after the first).
+pub(crate) async fn insert_and_claim_many(
+    conn: &mut PgConnection,
+    ingests: &[&Ingest],
+) -> Result<Vec<(RequestId, Option<Vec<DeliveryId>>)>, sqlx::Error> {
+    let n = ingests.len();
+    let mut received_at = Vec::with_capacity(n);
+    let mut source = Vec::with_capacity(n);
+    let mut method = Vec::with_capacity(n);
+    let mut path = Vec::with_capacity(n);
+    let mut peer = Vec::with_capacity(n);
+    let mut header_bytes = Vec::with_capacity(n);
+    let mut body = Vec::with_capacity(n);
+    let mut body_truncated = Vec::with_capacity(n);
+    let mut key = Vec::with_capacity(n);
+    let mut sha = Vec::with_capacity(n);
+    let mut expires_at = Vec::with_capacity(n);
+    let mut event_type = Vec::with_capacity(n);
+    let mut idempotency_key = Vec::with_capacity(n);
+    let mut destination_of = Vec::new();
+    let mut destination = Vec::new();
+    for (i, ingest) in ingests.iter().enumerate() {
+        let event = one_event_claimed_here(ingest).ok_or_else(|| {
+            sqlx::Error::Protocol("a batched ingest must carry one event claimed here".into())
+        })?;
+        let request = &ingest.request;
+        received_at.push(request.received_at.0);
+        source.push(text(&request.source).into_owned());
+        method.push(text(&request.method).into_owned());
+        path.push(text(&request.path).into_owned());
+        peer.push(request.peer.as_deref().map(|p| text(p).into_owned()));
+        header_bytes.push(headers::encode(&request.headers));
+        body.push(&request.body[..]);
+        body_truncated.push(request.body_truncated);
+        key.push(event.key.as_str());
+        sha.push(&ingest.body_sha256[..]);
+        expires_at.push(request.received_at.plus(ingest.retention).0);
+        event_type.push(event.event_type.as_deref().map(|t| text(t).into_owned()));
+        idempotency_key.push(
+            IdempotencyKey::new(&ingest.source, &event.key)
+                .as_str()
+                .to_owned(),
+        );
+        for d in &ingest.destinations {
+            destination_of.push(i as i64 + 1);
+            destination.push(d.as_str());
+        }
+    }
+    let claim_source: Vec<&str> = ingests.iter().map(|i| i.source.as_str()).collect();
+    let rows = sqlx::query(
+        "WITH i AS MATERIALIZED (
+            SELECT nextval(pg_get_serial_sequence('requests', 'id')) AS id, u.*
+            FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
+                        $6::bytea[], $7::bytea[], $8::bool[], $9::text[], $10::bytea[],
+                        $11::bigint[], $12::text[], $13::text[], $14::text[])
+                 WITH ORDINALITY AS u (received_at, source, method, path, peer, headers, body,
+                        body_truncated, key, sha, expires_at, event_type, idempotency_key,
+                        claim_source, n)),
+         r AS (
+            INSERT INTO requests (id, received_at, source, method, path, peer, headers, body,
+                body_truncated, verdict, reason, status, keys)
+            OVERRIDING SYSTEM VALUE
+            SELECT id, received_at, source, method, path, peer, headers, body, body_truncated,
+                'accepted', NULL, 200, ARRAY[key]
+            FROM i ORDER BY n),
+         c AS (
+            INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+            SELECT claim_source, key, sha, id, received_at, expires_at
+            FROM i ORDER BY claim_source, key, n
+            ON CONFLICT (source, key) DO NOTHING
+            RETURNING request_id),
+         k AS (
+            INSERT INTO request_keys (key, request_id)
+            SELECT i.key, i.id FROM i
+            WHERE NOT EXISTS (SELECT 1 FROM c WHERE c.request_id = i.id)
+            ON CONFLICT DO NOTHING),
+         d AS (
+            INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
+                idempotency_key, state, received_at, round_started_at, next_attempt_at,
+                updated_at)
+            SELECT i.id, i.claim_source, i.key, i.event_type, x.destination, i.idempotency_key,
+                'pending', i.received_at, i.received_at, i.received_at, i.received_at
+            FROM c JOIN i ON i.id = c.request_id
+            JOIN unnest($15::bigint[], $16::text[]) WITH ORDINALITY AS x (n, destination, o)
+                ON x.n = i.n
+            ORDER BY i.n, x.o
+            RETURNING id, request_id)
+         SELECT i.id, EXISTS (SELECT 1 FROM c WHERE c.request_id = i.id),
+            ARRAY(SELECT d.id FROM d WHERE d.request_id = i.id ORDER BY d.id)
+         FROM i ORDER BY i.n",
+    )
+    .bind(&received_at)
+    .bind(&source)
+    .bind(&method)
+    .bind(&path)
+    .bind(&peer)
+    .bind(&header_bytes)
+    .bind(&body)
+    .bind(&body_truncated)
+    .bind(&key)
+    .bind(&sha)
+    .bind(&expires_at)
+    .bind(&event_type)
+    .bind(&idempotency_key)
+    .bind(&claim_source)
+    .bind(&destination_of)
+    .bind(&destination)
+    .fetch_all(&mut *conn)
+    .await?;
+    if rows.len() != n {
+        return Err(sqlx::Error::Protocol(format!(
+            "a batched ingest of {n} requests answered {} rows",
+            rows.len()
+        )));
+    }
+    rows.iter()
+        .map(|row| {
+            let request_id = RequestId(row.try_get(0)?);
+            let claimed: bool = row.try_get(1)?;
+            let deliveries: Vec<i64> = row.try_get(2)?;
+            Ok((
+                request_id,
+                claimed.then(|| deliveries.into_iter().map(DeliveryId).collect()),
+            ))
+        })
+        .collect()
 }
 
 /// What claiming one key found.

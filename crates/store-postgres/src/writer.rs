@@ -13,7 +13,9 @@
 //! per job costs a round trip and a subtransaction each (ingest +8–29 % without them, same
 //! minutes). If a job does fail on its own, the whole transaction is rolled back — nothing of
 //! it was committed, nobody has heard anything — and the batch runs again with each job in its
-//! own savepoint, so only that job fails.
+//! own savepoint, so only that job fails. Without savepoints, the batch's one-event ingests
+//! are written by one statement together (`ingest::insert_and_claim_many`): one round trip for
+//! the batch instead of one per job (ingest +48–60 % at c=64, same minutes).
 //!
 //! Cancellation: the transaction lives in a writer task, never in the caller's future, which
 //! only queues the job (on its first poll, when the channel has room) and waits for the reply.
@@ -40,7 +42,7 @@ use std::time::Duration;
 use hooklatch_core::store::{
     AttemptResult, Ingest, IngestOutcome, LeasedDelivery, Rejected, RequestRecord,
 };
-use hooklatch_core::{Claim, RequestId, StoreError, Timestamp};
+use hooklatch_core::{Claim, DeliveryId, RequestId, StoreError, Timestamp};
 use rand::Rng;
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
@@ -73,6 +75,10 @@ pub(crate) enum Work {
     },
 }
 
+/// What [`ingest::insert_and_claim_many`] wrote for one ingest: its request, and the
+/// deliveries of its new claim (`None`: another request holds the key).
+type Inserted = (RequestId, Option<Vec<DeliveryId>>);
+
 /// What a [`Work`] item produced.
 pub(crate) enum Done {
     Ingest(IngestOutcome),
@@ -99,7 +105,26 @@ impl Work {
         }
     }
 
-    async fn run(&self, conn: &mut PgConnection) -> Result<Done, sqlx::Error> {
+    /// The ingest [`ingest::insert_and_claim_many`] can take with others, if this is one.
+    fn batchable_ingest(&self) -> Option<&Ingest> {
+        match self {
+            Work::Ingest(ingest) => ingest::one_event_claimed_here(ingest).map(|_| ingest),
+            Work::Rejection(_) | Work::Handshake(..) | Work::Attempt { .. } => None,
+        }
+    }
+
+    /// Runs the job; an ingest whose request and claim a batched statement already wrote
+    /// (`inserted`) only settles its claim.
+    async fn run(
+        &self,
+        conn: &mut PgConnection,
+        inserted: Option<Inserted>,
+    ) -> Result<Done, sqlx::Error> {
+        if let (Work::Ingest(job), Some((request_id, deliveries))) = (self, inserted) {
+            return Ok(Done::Ingest(
+                ingest::settle(conn, job, request_id, deliveries).await?,
+            ));
+        }
         Ok(match self {
             Work::Ingest(job) => Done::Ingest(ingest::ingest(conn, job).await?),
             Work::Rejection(job) => Done::Request(ingest::record_rejection(conn, job).await?),
@@ -312,10 +337,24 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
     if let Err(err) = simple(conn, begin).await {
         return broken(Vec::new(), err, conn).await;
     }
+    // Without savepoints, the batch's one-event ingests record their requests and try their
+    // claims in one statement; run alone, a job that fails in it fails alone.
+    let mut inserted = Vec::new();
+    if !savepoints {
+        match insert_batched_ingests(conn, batch).await {
+            Ok(done) => inserted = done,
+            Err(err) if is_retryable(&err) => return run_again(conn, err, Ended::Retry).await,
+            Err(err) if is_connection_error(&err) => {
+                return broken(Vec::new(), err, conn).await;
+            }
+            Err(err) => return run_again(conn, err, Ended::JobFailed).await,
+        }
+    }
+    let mut inserted = inserted.into_iter();
     let mut results: Vec<Result<Done, StoreError>> = Vec::with_capacity(batch.len());
     let mut queued_work = false;
     for job in batch {
-        match job.work.run(conn).await {
+        match job.work.run(conn, inserted.next().flatten()).await {
             Ok(done) => {
                 queued_work |= done.queued_deliveries();
                 results.push(Ok(done));
@@ -364,6 +403,34 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
         // retry of a job that did commit is answered as a duplicate).
         Err(err) => broken(own_errors(&results), err, conn).await,
     }
+}
+
+/// Records the requests and tries the claims of a batch's one-event ingests in one statement,
+/// when the batch holds at least two and no other ingest (whose claims, in key order among
+/// theirs, would then come after them). Answers by position in the batch; empty when there
+/// was nothing to batch.
+async fn insert_batched_ingests(
+    conn: &mut PgConnection,
+    batch: &[Job],
+) -> Result<Vec<Option<Inserted>>, sqlx::Error> {
+    let mut ingests = Vec::new();
+    for job in batch {
+        match (&job.work, job.work.batchable_ingest()) {
+            (_, Some(ingest)) => ingests.push(ingest),
+            (Work::Ingest(_), None) => return Ok(Vec::new()),
+            _ => {}
+        }
+    }
+    if ingests.len() < 2 {
+        return Ok(Vec::new());
+    }
+    let mut done = ingest::insert_and_claim_many(conn, &ingests)
+        .await?
+        .into_iter();
+    Ok(batch
+        .iter()
+        .map(|job| job.work.batchable_ingest().and_then(|_| done.next()))
+        .collect())
 }
 
 /// Rolls the whole batch back after `err`, to run it again as `again` says; if even the

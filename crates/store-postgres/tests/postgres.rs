@@ -17,7 +17,7 @@ use hooklatch_core::{Claim, DeliveryId, RequestId, Store, StoreError};
 use hooklatch_store_postgres::{schema, PgOptions, PostgresStore};
 use hooklatch_testkit::conformance::fixture::{
     all_deliveries, all_requests, at, deliveries_with_key, delivery, idempotency_key, ingest,
-    new_deliveries, sha256, DESTINATIONS, RETENTION, T0,
+    new_deliveries, requests_with_key, sha256, DESTINATIONS, RETENTION, T0,
 };
 use sqlx::{Executor, PgConnection, Row};
 use support::{with_param, TestDb};
@@ -35,6 +35,15 @@ const BOUND: Duration = Duration::from_secs(30);
 async fn store_waiting(db: &TestDb, lock_timeout: Duration) -> PostgresStore {
     let mut opts = db.options();
     opts.lock_timeout = lock_timeout;
+    db.store_with(opts).await
+}
+
+/// A store with one writer task (so jobs queued while it waits share its next batch) that
+/// waits for locks as long as a test needs.
+async fn one_patient_writer(db: &TestDb) -> PostgresStore {
+    let mut opts = db.options();
+    opts.writers = 1;
+    opts.lock_timeout = PATIENT;
     db.store_with(opts).await
 }
 
@@ -174,10 +183,7 @@ async fn a_job_that_fails_on_its_own_fails_alone_and_its_batch_commits() {
         return;
     };
     let db = TestDb::create(&base).await;
-    let mut opts = db.options();
-    opts.writers = 1;
-    opts.lock_timeout = PATIENT;
-    let store = db.store_with(opts).await;
+    let store = one_patient_writer(&db).await;
     db.raw()
         .await
         .execute(
@@ -229,6 +235,115 @@ async fn a_job_that_fails_on_its_own_fails_alone_and_its_batch_commits() {
     committed.sort();
     assert_eq!(history, committed, "nothing of the refused job stays");
     assert_eq!(store.stats().await.expect("stats").claims, 9);
+}
+
+/// One-event ingests queued together run as one statement (requests, claims, keys and
+/// deliveries for the whole batch). Copies of one key inside that batch still make one claim:
+/// the other copies answer duplicate (same body) or conflict (another body) pointing at it, and
+/// history lists every copy under the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_inside_one_batched_statement_make_one_claim_each_key() {
+    let Some(base) = support::base_url("the batched-ingest test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = one_patient_writer(&db).await;
+
+    // The one writer waits on another session's uncommitted claim, so the ingests sent
+    // meanwhile queue up for the same next batch.
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+    let blocked = spawn_ingest(&store, "evt_x");
+    assert_eq!(lock_wait(&db).await.0, "Lock");
+    let send = |key: &str, body: &[u8]| {
+        let store = store.clone();
+        let ingest = ingest(SOURCE, &[key], body, at(2));
+        tokio::spawn(async move { store.ingest(ingest).await })
+    };
+    let same = [
+        send("evt_a", BODY),
+        send("evt_a", BODY),
+        send("evt_a", BODY),
+    ];
+    let other = [
+        send("evt_b", BODY),
+        send("evt_b", b"{\"id\":\"evt_b\",\"v\":2}"),
+    ];
+    let fresh: Vec<_> = (0..4).map(|i| send(&format!("evt_f{i}"), BODY)).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+    blocked
+        .await
+        .expect("ingest task")
+        .expect("the blocked ingest");
+
+    let mut outcomes = Vec::new();
+    for task in same.into_iter().chain(other) {
+        outcomes.push(task.await.expect("ingest task").expect("ingest"));
+    }
+    let (a, b) = outcomes.split_at(3);
+    for (copies, key) in [(a, "evt_a"), (b, "evt_b")] {
+        let first: Vec<_> = copies
+            .iter()
+            .filter(|o| matches!(o.claims[0].1, Claim::New { .. }))
+            .collect();
+        assert_eq!(first.len(), 1, "{key}: one claim");
+        let first = first[0];
+        for copy in copies.iter().filter(|o| o.request_id != first.request_id) {
+            match &copy.claims[0].1 {
+                Claim::Duplicate { first_request, .. } | Claim::Conflict { first_request, .. } => {
+                    assert_eq!(*first_request, first.request_id, "{key}")
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+        let mut listed: Vec<_> = requests_with_key(&store, key)
+            .await
+            .iter()
+            .map(|r| r.id)
+            .collect();
+        listed.sort();
+        let mut want: Vec<_> = copies.iter().map(|o| o.request_id).collect();
+        want.sort();
+        assert_eq!(listed, want, "{key}: every copy is listed under its key");
+        let queued = deliveries_with_key(&store, &idempotency_key(SOURCE, key)).await;
+        assert_eq!(queued.len(), DESTINATIONS.len(), "{key}: queued once");
+    }
+    for task in fresh {
+        let outcome = task.await.expect("ingest task").expect("ingest");
+        let Claim::New { deliveries } = &outcome.claims[0].1 else {
+            panic!("a fresh key is new: {:?}", outcome.claims[0].1);
+        };
+        assert_eq!(deliveries.len(), DESTINATIONS.len());
+        let key = outcome.claims[0].0.as_str();
+        let mut stored: Vec<DeliveryId> =
+            deliveries_with_key(&store, &idempotency_key(SOURCE, key))
+                .await
+                .iter()
+                .map(|d| d.id)
+                .collect();
+        stored.sort();
+        assert_eq!(
+            &stored, deliveries,
+            "the answer names the stored deliveries"
+        );
+    }
+    // evt_x, evt_a, evt_b and the four fresh keys.
+    assert_eq!(store.stats().await.expect("stats").claims, 7);
+    let verdicts: BTreeMap<String, usize> =
+        all_requests(&store)
+            .await
+            .iter()
+            .fold(BTreeMap::new(), |mut m, r| {
+                *m.entry(r.verdict.as_str().to_owned()).or_default() += 1;
+                m
+            });
+    assert_eq!(verdicts.get("accepted"), Some(&7), "{verdicts:?}");
+    assert_eq!(
+        verdicts.get("duplicate").copied().unwrap_or(0)
+            + verdicts.get("conflict").copied().unwrap_or(0),
+        3,
+        "{verdicts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
