@@ -243,11 +243,29 @@ async fn a_job_that_fails_on_its_own_fails_alone_and_its_batch_commits() {
 /// history lists every copy under the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn copies_inside_one_batched_statement_make_one_claim_each_key() {
+    copies_inside_one_batch_make_one_claim_each_key(0).await;
+}
+
+/// The same with bodies large enough that the batch is split over several statements (at most
+/// 256 KiB of bodies each): copies of one key in different statements of one transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_across_the_statements_of_one_batch_make_one_claim_each_key() {
+    copies_inside_one_batch_make_one_claim_each_key(100 << 10).await;
+}
+
+async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
     let Some(base) = support::base_url("the batched-ingest test") else {
         return;
     };
     let db = TestDb::create(&base).await;
     let store = one_patient_writer(&db).await;
+    let padded = |v: u8| {
+        let mut body = format!("{{\"id\":\"evt\",\"v\":{v},\"pad\":\"").into_bytes();
+        body.resize(body.len() + pad, b'p');
+        body.extend_from_slice(b"\"}");
+        body
+    };
+    let (one, two) = (padded(1), padded(2));
 
     // The one writer waits on another session's uncommitted claim, so the ingests sent
     // meanwhile queue up for the same next batch.
@@ -260,15 +278,12 @@ async fn copies_inside_one_batched_statement_make_one_claim_each_key() {
         tokio::spawn(async move { store.ingest(ingest).await })
     };
     let same = [
-        send("evt_a", BODY),
-        send("evt_a", BODY),
-        send("evt_a", BODY),
+        send("evt_a", &one),
+        send("evt_a", &one),
+        send("evt_a", &one),
     ];
-    let other = [
-        send("evt_b", BODY),
-        send("evt_b", b"{\"id\":\"evt_b\",\"v\":2}"),
-    ];
-    let fresh: Vec<_> = (0..4).map(|i| send(&format!("evt_f{i}"), BODY)).collect();
+    let other = [send("evt_b", &one), send("evt_b", &two)];
+    let fresh: Vec<_> = (0..4).map(|i| send(&format!("evt_f{i}"), &one)).collect();
     tokio::time::sleep(Duration::from_millis(300)).await;
     raw.execute("ROLLBACK").await.expect("ROLLBACK");
     blocked
