@@ -15,9 +15,10 @@
 //! leave most of the copying to the writer's own threshold ([`Pace`]): then it goes again as
 //! soon as the next commit lands. Under full load the passes then run back to back on the
 //! other core (a quarter of it), and the writer's own catch-up finds a few commits' worth of
-//! pages left instead of a whole WAL: ingest alone at c=64 +3–15 % with the writer at 50 %
-//! of a core instead of 58 %, and the open-loop p99 at 9,000 req/s 5–7 ms against 7–38 ms
-//! (same minutes). Resting after every pass, as before, left nearly every copy to the writer.
+//! pages left instead of a whole WAL: ingest alone at c=64 +3–5 % with the writer at 50 % of
+//! a core instead of 58 %, and the open-loop p99 at 9,000 req/s a median of 6.9 ms over five
+//! runs against 9.6 ms (same minutes; both builds had outliers, 64 and 38 ms). Resting after
+//! every pass, as before, left nearly every copy to the writer.
 //! At 500 req/s the thread rests as before and the fsync count is unchanged.
 //!
 //! The writer keeps SQLite's automatic checkpoint at its default threshold
