@@ -363,6 +363,99 @@ pub(crate) async fn insert_and_claim_many(
         .collect()
 }
 
+/// [`settle`] for many one-event ingests whose batched statement found their keys held: one
+/// statement reads every held claim (a new statement, so it sees claims committed while the
+/// insert waited for them), one more records the verdicts. Answers in the order given; `None`
+/// for an ingest whose claim is gone or expired (purged or to be replaced), which the caller
+/// settles on its own.
+pub(crate) async fn settle_held_many(
+    conn: &mut PgConnection,
+    held: &[(&Ingest, RequestId)],
+) -> Result<Vec<Option<IngestOutcome>>, sqlx::Error> {
+    let mut source = Vec::with_capacity(held.len());
+    let mut key = Vec::with_capacity(held.len());
+    for (ingest, _) in held {
+        let event = one_event_claimed_here(ingest).ok_or_else(|| {
+            sqlx::Error::Protocol("a batched ingest must carry one event claimed here".into())
+        })?;
+        source.push(ingest.source.as_str());
+        key.push(event.key.as_str());
+    }
+    let rows = sqlx::query(
+        "SELECT u.n, c.body_sha256, c.request_id, c.claimed_at, c.expires_at
+         FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u (source, key, n)
+         JOIN claims c ON c.source = u.source AND c.key = u.key",
+    )
+    .bind(&source)
+    .bind(&key)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut outcomes: Vec<Option<IngestOutcome>> = vec![None; held.len()];
+    for row in rows {
+        let n: i64 = row.try_get(0)?;
+        let Some((ingest, request_id)) = usize::try_from(n - 1).ok().and_then(|i| held.get(i))
+        else {
+            continue;
+        };
+        let expires: i64 = row.try_get(4)?;
+        if expires <= ingest.request.received_at.0 {
+            continue;
+        }
+        let sha: Vec<u8> = row.try_get(1)?;
+        let claim = earlier_claim(
+            ingest,
+            &sha,
+            RequestId(row.try_get(2)?),
+            Timestamp(row.try_get(3)?),
+        );
+        outcomes[(n - 1) as usize] = Some(IngestOutcome {
+            request_id: *request_id,
+            claims: vec![(ingest.events[0].key.clone(), claim)],
+        });
+    }
+    let (ids, verdicts): (Vec<i64>, Vec<&str>) = outcomes
+        .iter()
+        .flatten()
+        .map(|o| (o.request_id.0, o.verdict().as_str()))
+        .unzip();
+    if !ids.is_empty() {
+        sqlx::query(
+            "UPDATE requests r SET verdict = u.verdict
+             FROM unnest($1::bigint[], $2::text[]) AS u (id, verdict) WHERE r.id = u.id",
+        )
+        .bind(&ids)
+        .bind(&verdicts)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(outcomes)
+}
+
+/// What a live claim held by another request makes of this copy: a duplicate when the bodies
+/// are the same, a conflict when they differ.
+fn earlier_claim(
+    ingest: &Ingest,
+    held_sha256: &[u8],
+    first_request: RequestId,
+    first_seen: Timestamp,
+) -> Claim {
+    if held_sha256 == ingest.body_sha256.as_slice() {
+        Claim::Duplicate {
+            first_request,
+            first_seen,
+        }
+    } else {
+        let mut first_body_sha256 = [0u8; 32];
+        if held_sha256.len() == 32 {
+            first_body_sha256.copy_from_slice(held_sha256);
+        }
+        Claim::Conflict {
+            first_request,
+            first_body_sha256,
+        }
+    }
+}
+
 /// What claiming one key found.
 #[derive(Clone)]
 enum Claimed {
@@ -417,23 +510,12 @@ async fn claim(
         let expires: i64 = held.try_get(3)?;
         if expires > now.0 {
             let sha: Vec<u8> = held.try_get(0)?;
-            let first_request = RequestId(held.try_get(1)?);
-            let earlier = if sha.as_slice() == ingest.body_sha256.as_slice() {
-                Claim::Duplicate {
-                    first_request,
-                    first_seen: Timestamp(held.try_get(2)?),
-                }
-            } else {
-                let mut first_body_sha256 = [0u8; 32];
-                if sha.len() == 32 {
-                    first_body_sha256.copy_from_slice(&sha);
-                }
-                Claim::Conflict {
-                    first_request,
-                    first_body_sha256,
-                }
-            };
-            return Ok(Claimed::Earlier(earlier));
+            return Ok(Claimed::Earlier(earlier_claim(
+                ingest,
+                &sha,
+                RequestId(held.try_get(1)?),
+                Timestamp(held.try_get(2)?),
+            )));
         }
         // Expired: replace it, unless a concurrent copy already did (then look again).
         let replaced = sqlx::query(

@@ -86,6 +86,14 @@ pub(crate) enum Work {
 /// deliveries of its new claim (`None`: another request holds the key).
 type Inserted = (RequestId, Option<Vec<DeliveryId>>);
 
+/// What the batch's shared statements did for one of its ingests.
+enum Prepared {
+    /// Recorded its request and tried its claim; what is left is to settle it.
+    Inserted(Inserted),
+    /// Done: its key was held by another request, read in [`ingest::settle_held_many`].
+    Settled(IngestOutcome),
+}
+
 /// What a [`Work`] item produced.
 pub(crate) enum Done {
     Ingest(IngestOutcome),
@@ -120,17 +128,22 @@ impl Work {
         }
     }
 
-    /// Runs the job; an ingest whose request and claim a batched statement already wrote
-    /// (`inserted`) only settles its claim.
+    /// Runs the job, or what the batched statements left of it (`prepared`).
     async fn run(
         &self,
         conn: &mut PgConnection,
-        inserted: Option<Inserted>,
+        prepared: Option<Prepared>,
     ) -> Result<Done, sqlx::Error> {
-        if let (Work::Ingest(job), Some((request_id, deliveries))) = (self, inserted) {
-            return Ok(Done::Ingest(
-                ingest::settle(conn, job, request_id, deliveries).await?,
-            ));
+        match (self, prepared) {
+            (Work::Ingest(_), Some(Prepared::Settled(outcome))) => {
+                return Ok(Done::Ingest(outcome));
+            }
+            (Work::Ingest(job), Some(Prepared::Inserted((request_id, deliveries)))) => {
+                return Ok(Done::Ingest(
+                    ingest::settle(conn, job, request_id, deliveries).await?,
+                ));
+            }
+            _ => {}
         }
         Ok(match self {
             Work::Ingest(job) => Done::Ingest(ingest::ingest(conn, job).await?),
@@ -346,10 +359,10 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
     }
     // Without savepoints, the batch's one-event ingests record their requests and try their
     // claims in one statement; run alone, a job that fails in it fails alone.
-    let mut inserted = Vec::new();
+    let mut prepared = Vec::new();
     if !savepoints {
-        match insert_batched_ingests(conn, batch).await {
-            Ok(done) => inserted = done,
+        match prepare_batched_ingests(conn, batch).await {
+            Ok(done) => prepared = done,
             Err(err) if is_retryable(&err) => return run_again(conn, err, Ended::Retry).await,
             Err(err) if is_connection_error(&err) => {
                 return broken(Vec::new(), err, conn).await;
@@ -357,11 +370,11 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
             Err(err) => return run_again(conn, err, Ended::JobFailed).await,
         }
     }
-    let mut inserted = inserted.into_iter();
+    let mut prepared = prepared.into_iter();
     let mut results: Vec<Result<Done, StoreError>> = Vec::with_capacity(batch.len());
     let mut queued_work = false;
     for job in batch {
-        match job.work.run(conn, inserted.next().flatten()).await {
+        match job.work.run(conn, prepared.next().flatten()).await {
             Ok(done) => {
                 queued_work |= done.queued_deliveries();
                 results.push(Ok(done));
@@ -453,6 +466,41 @@ async fn insert_batched_ingests(
     Ok(batch
         .iter()
         .map(|job| job.work.batchable_ingest().and_then(|_| done.next()))
+        .collect())
+}
+
+/// [`insert_batched_ingests`], then the copies whose keys were held read those claims together
+/// ([`ingest::settle_held_many`]): two statements for all the batch's duplicates instead of
+/// three each.
+async fn prepare_batched_ingests(
+    conn: &mut PgConnection,
+    batch: &[Job],
+) -> Result<Vec<Option<Prepared>>, sqlx::Error> {
+    let inserted = insert_batched_ingests(conn, batch).await?;
+    let held: Vec<(&Ingest, RequestId)> = batch
+        .iter()
+        .zip(&inserted)
+        .filter_map(|(job, done)| match (&job.work, done) {
+            (Work::Ingest(ingest), Some((request_id, None))) => Some((ingest, *request_id)),
+            _ => None,
+        })
+        .collect();
+    let mut settled = if held.is_empty() {
+        Vec::new()
+    } else {
+        ingest::settle_held_many(conn, &held).await?
+    }
+    .into_iter();
+    Ok(inserted
+        .into_iter()
+        .map(|done| match done {
+            Some((request_id, None)) => Some(match settled.next().flatten() {
+                Some(outcome) => Prepared::Settled(outcome),
+                None => Prepared::Inserted((request_id, None)),
+            }),
+            Some(inserted) => Some(Prepared::Inserted(inserted)),
+            None => None,
+        })
         .collect())
 }
 

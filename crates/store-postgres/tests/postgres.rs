@@ -266,6 +266,15 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
         body
     };
     let (one, two) = (padded(1), padded(2));
+    // An expired claim of another request: the copy in the batch replaces it.
+    db.raw()
+        .await
+        .execute(
+            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+             VALUES ('stripe', 'evt_old', '\\x00', 555, 0, 1)",
+        )
+        .await
+        .expect("an expired claim");
 
     // The one writer waits on another session's uncommitted claim, so the ingests sent
     // meanwhile queue up for the same next batch.
@@ -283,7 +292,8 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
         send("evt_a", &one),
     ];
     let other = [send("evt_b", &one), send("evt_b", &two)];
-    let fresh: Vec<_> = (0..4).map(|i| send(&format!("evt_f{i}"), &one)).collect();
+    let mut fresh: Vec<_> = (0..4).map(|i| send(&format!("evt_f{i}"), &one)).collect();
+    fresh.push(send("evt_old", &one));
     tokio::time::sleep(Duration::from_millis(300)).await;
     raw.execute("ROLLBACK").await.expect("ROLLBACK");
     blocked
@@ -342,8 +352,8 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
             "the answer names the stored deliveries"
         );
     }
-    // evt_x, evt_a, evt_b and the four fresh keys.
-    assert_eq!(store.stats().await.expect("stats").claims, 7);
+    // evt_x, evt_a, evt_b, the four fresh keys and evt_old.
+    assert_eq!(store.stats().await.expect("stats").claims, 8);
     let verdicts: BTreeMap<String, usize> =
         all_requests(&store)
             .await
@@ -352,7 +362,7 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
                 *m.entry(r.verdict.as_str().to_owned()).or_default() += 1;
                 m
             });
-    assert_eq!(verdicts.get("accepted"), Some(&7), "{verdicts:?}");
+    assert_eq!(verdicts.get("accepted"), Some(&8), "{verdicts:?}");
     assert_eq!(
         verdicts.get("duplicate").copied().unwrap_or(0)
             + verdicts.get("conflict").copied().unwrap_or(0),
