@@ -419,9 +419,12 @@ pub(crate) async fn settle_held_many(
         .map(|o| (o.request_id.0, o.verdict().as_str()))
         .unzip();
     if !ids.is_empty() {
+        // `r.id = ANY($1)` keeps the update on the primary key: the same join without it was
+        // planned as a table scan for the attempts' update (`outbox`) once the table grew.
         sqlx::query(
             "UPDATE requests r SET verdict = u.verdict
-             FROM unnest($1::bigint[], $2::text[]) AS u (id, verdict) WHERE r.id = u.id",
+             FROM unnest($1::bigint[], $2::text[]) AS u (id, verdict)
+             WHERE r.id = u.id AND r.id = ANY($1)",
         )
         .bind(&ids)
         .bind(&verdicts)

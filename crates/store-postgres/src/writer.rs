@@ -92,6 +92,9 @@ enum Prepared {
     Inserted(Inserted),
     /// Done: its key was held by another request, read in [`ingest::settle_held_many`].
     Settled(IngestOutcome),
+    /// Done: an attempt recorded with the worker's next lease, in
+    /// [`outbox::record_attempts_and_lease_many`].
+    Attempted(Option<Box<LeasedDelivery>>),
 }
 
 /// What a [`Work`] item produced.
@@ -137,6 +140,9 @@ impl Work {
         match (self, prepared) {
             (Work::Ingest(_), Some(Prepared::Settled(outcome))) => {
                 return Ok(Done::Ingest(outcome));
+            }
+            (Work::Attempt { .. }, Some(Prepared::Attempted(leased))) => {
+                return Ok(Done::Attempt(leased));
             }
             (Work::Ingest(job), Some(Prepared::Inserted((request_id, deliveries)))) => {
                 return Ok(Done::Ingest(
@@ -357,11 +363,11 @@ async fn run_batch(conn: &mut PgConnection, batch: &[Job], savepoints: bool) -> 
     if let Err(err) = simple(conn, begin).await {
         return broken(Vec::new(), err, conn).await;
     }
-    // Without savepoints, the batch's one-event ingests record their requests and try their
-    // claims in one statement; run alone, a job that fails in it fails alone.
+    // Without savepoints, the batch's attempts and one-event ingests run in statements they
+    // share; run alone, a job that fails in them fails alone.
     let mut prepared = Vec::new();
     if !savepoints {
-        match prepare_batched_ingests(conn, batch).await {
+        match prepare_batched(conn, batch).await {
             Ok(done) => prepared = done,
             Err(err) if is_retryable(&err) => return run_again(conn, err, Ended::Retry).await,
             Err(err) if is_connection_error(&err) => {
@@ -469,13 +475,15 @@ async fn insert_batched_ingests(
         .collect())
 }
 
-/// [`insert_batched_ingests`], then the copies whose keys were held read those claims together
-/// ([`ingest::settle_held_many`]): two statements for all the batch's duplicates instead of
-/// three each.
-async fn prepare_batched_ingests(
+/// The statements a batch's jobs share: its delivery attempts with their next leases
+/// ([`record_batched_attempts`]), its one-event ingests ([`insert_batched_ingests`]), then the
+/// copies whose keys were held read those claims together ([`ingest::settle_held_many`]: two
+/// statements for all the batch's duplicates instead of three each).
+async fn prepare_batched(
     conn: &mut PgConnection,
     batch: &[Job],
 ) -> Result<Vec<Option<Prepared>>, sqlx::Error> {
+    let attempted = record_batched_attempts(conn, batch).await?;
     let inserted = insert_batched_ingests(conn, batch).await?;
     let held: Vec<(&Ingest, RequestId)> = batch
         .iter()
@@ -491,15 +499,59 @@ async fn prepare_batched_ingests(
         ingest::settle_held_many(conn, &held).await?
     }
     .into_iter();
-    Ok(inserted
-        .into_iter()
-        .map(|done| match done {
-            Some((request_id, None)) => Some(match settled.next().flatten() {
-                Some(outcome) => Prepared::Settled(outcome),
-                None => Prepared::Inserted((request_id, None)),
-            }),
-            Some(inserted) => Some(Prepared::Inserted(inserted)),
-            None => None,
+    let mut attempted = attempted.into_iter();
+    let mut inserted = inserted.into_iter();
+    Ok(batch
+        .iter()
+        .map(|_| {
+            // Both answer by position (or not at all): advance both at every job.
+            let (attempt, insert) = (attempted.next().flatten(), inserted.next().flatten());
+            if let Some(leased) = attempt {
+                return Some(Prepared::Attempted(leased.map(Box::new)));
+            }
+            match insert? {
+                (request_id, None) => Some(match settled.next().flatten() {
+                    Some(outcome) => Prepared::Settled(outcome),
+                    None => Prepared::Inserted((request_id, None)),
+                }),
+                done => Some(Prepared::Inserted(done)),
+            }
+        })
+        .collect())
+}
+
+/// Records the batch's delivery attempts that ask for the worker's next lease, with those
+/// leases, in one statement, when there are at least two and they attempted distinct
+/// deliveries. Answers by position in the batch (`Some` for an attempt done here); empty when
+/// there was nothing to batch.
+async fn record_batched_attempts(
+    conn: &mut PgConnection,
+    batch: &[Job],
+) -> Result<Vec<Option<Option<LeasedDelivery>>>, sqlx::Error> {
+    let attempts: Vec<_> = batch
+        .iter()
+        .filter_map(|job| match &job.work {
+            Work::Attempt {
+                result,
+                next: Some((now, lease)),
+            } => Some((result, *now, *lease)),
+            _ => None,
+        })
+        .collect();
+    let mut ids: Vec<i64> = attempts.iter().map(|(r, ..)| r.delivery.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if attempts.len() < 2 || ids.len() < attempts.len() {
+        return Ok(Vec::new());
+    }
+    let mut leased = outbox::record_attempts_and_lease_many(conn, &attempts)
+        .await?
+        .into_iter();
+    Ok(batch
+        .iter()
+        .map(|job| match &job.work {
+            Work::Attempt { next: Some(_), .. } => leased.next(),
+            _ => None,
         })
         .collect())
 }

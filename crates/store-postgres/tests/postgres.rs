@@ -47,6 +47,33 @@ async fn one_patient_writer(db: &TestDb) -> PostgresStore {
     db.store_with(opts).await
 }
 
+/// The one writer of a [`one_patient_writer`] store, waiting on another session's uncommitted
+/// claim: the jobs sent meanwhile queue up for its next batch.
+struct HeldWriter {
+    raw: PgConnection,
+    blocked: tokio::task::JoinHandle<Result<hooklatch_core::store::IngestOutcome, StoreError>>,
+}
+
+impl HeldWriter {
+    async fn hold(db: &TestDb, store: &PostgresStore) -> HeldWriter {
+        let raw = hold_claim(db, "evt_x", BODY, 777).await;
+        let blocked = spawn_ingest(store, "evt_x");
+        assert_eq!(lock_wait(db).await.0, "Lock");
+        HeldWriter { raw, blocked }
+    }
+
+    /// Lets the writer go after the jobs sent meanwhile had time to queue (were one late, it
+    /// would only run in a batch of its own: the tests' assertions hold either way).
+    async fn release(mut self) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        self.raw.execute("ROLLBACK").await.expect("ROLLBACK");
+        self.blocked
+            .await
+            .expect("ingest task")
+            .expect("the blocked ingest");
+    }
+}
+
 /// A raw session holding `BEGIN; INSERT` of the claim of `key`, as request `request_id`
 /// with `body`'s hash, uncommitted.
 async fn hold_claim(db: &TestDb, key: &str, body: &[u8], request_id: i64) -> PgConnection {
@@ -276,11 +303,7 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
         .await
         .expect("an expired claim");
 
-    // The one writer waits on another session's uncommitted claim, so the ingests sent
-    // meanwhile queue up for the same next batch.
-    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
-    let blocked = spawn_ingest(&store, "evt_x");
-    assert_eq!(lock_wait(&db).await.0, "Lock");
+    let held = HeldWriter::hold(&db, &store).await;
     let send = |key: &str, body: &[u8]| {
         let store = store.clone();
         let ingest = ingest(SOURCE, &[key], body, at(2));
@@ -294,12 +317,7 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
     let other = [send("evt_b", &one), send("evt_b", &two)];
     let mut fresh: Vec<_> = (0..4).map(|i| send(&format!("evt_f{i}"), &one)).collect();
     fresh.push(send("evt_old", &one));
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    raw.execute("ROLLBACK").await.expect("ROLLBACK");
-    blocked
-        .await
-        .expect("ingest task")
-        .expect("the blocked ingest");
+    held.release().await;
 
     let mut outcomes = Vec::new();
     for task in same.into_iter().chain(other) {
@@ -369,6 +387,78 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
         3,
         "{verdicts:?}"
     );
+}
+
+/// Delivery attempts queued together run as one statement: each is recorded and moves its
+/// delivery, and each worker gets a next lease of its own — never a delivery just attempted,
+/// never one another worker got.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_in_one_batched_statement_each_record_and_lease_a_row_of_their_own() {
+    let Some(base) = support::base_url("the batched-attempt test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = one_patient_writer(&db).await;
+    for i in 0..8 {
+        store
+            .ingest(ingest(SOURCE, &[&format!("evt_d{i}")], BODY, at(1)))
+            .await
+            .expect("ingest");
+    }
+    let lease = Duration::from_secs(60);
+    let mut first = Vec::new();
+    for w in 0..4 {
+        let leased = store
+            .lease_due(&format!("w{w}"), at(2), lease, 1)
+            .await
+            .expect("lease");
+        first.push(leased.into_iter().next().expect("a due delivery"));
+    }
+
+    let held = HeldWriter::hold(&db, &store).await;
+    let tasks: Vec<_> = first
+        .iter()
+        .enumerate()
+        .map(|(w, leased)| {
+            let store = store.clone();
+            let result = attempt_by(&format!("w{w}"), leased.id, at(3), AttemptNext::Delivered);
+            tokio::spawn(async move { store.record_attempt_and_lease(result, at(4), lease).await })
+        })
+        .collect();
+    held.release().await;
+
+    let attempted: BTreeSet<DeliveryId> = first.iter().map(|d| d.id).collect();
+    let mut next = BTreeSet::new();
+    for task in tasks {
+        let leased = task
+            .await
+            .expect("attempt task")
+            .expect("attempt")
+            .expect("a next lease: 12 deliveries are still due");
+        assert!(
+            !attempted.contains(&leased.id),
+            "{:?} was just attempted",
+            leased.id
+        );
+        assert!(next.insert(leased.id), "{:?} leased twice", leased.id);
+    }
+    let deliveries = all_deliveries(&store).await;
+    for d in &deliveries {
+        if attempted.contains(&d.id) {
+            assert_eq!(d.state, DeliveryState::Delivered, "{:?}", d.id);
+            assert_eq!((d.attempts, d.history.len()), (1, 1), "{:?}", d.id);
+        } else {
+            assert_eq!(d.state, DeliveryState::Pending, "{:?}", d.id);
+        }
+    }
+    // The next leases are held: another worker is leased everything else and none of them.
+    let rest = store
+        .lease_due("w9", at(5), lease, 100)
+        .await
+        .expect("lease the rest");
+    let rest: BTreeSet<DeliveryId> = rest.iter().map(|d| d.id).collect();
+    assert!(rest.is_disjoint(&next), "{rest:?} / {next:?}");
+    assert_eq!(rest.len(), deliveries.len() - attempted.len() - next.len());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
