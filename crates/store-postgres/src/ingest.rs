@@ -220,6 +220,14 @@ async fn insert_and_claim(
     .bind(&ingest.destinations)
     .fetch_one(&mut *conn)
     .await?;
+    inserted(&row)
+}
+
+/// A row of [`insert_and_claim`]'s and [`insert_and_claim_many`]'s answer: the request, and
+/// whether its claim is new (then with the deliveries it queued).
+fn inserted(
+    row: &sqlx::postgres::PgRow,
+) -> Result<(RequestId, Option<Vec<DeliveryId>>), sqlx::Error> {
     let request_id = RequestId(row.try_get(0)?);
     let claimed: bool = row.try_get(1)?;
     let deliveries: Vec<i64> = row.try_get(2)?;
@@ -227,6 +235,14 @@ async fn insert_and_claim(
         request_id,
         claimed.then(|| deliveries.into_iter().map(DeliveryId).collect()),
     ))
+}
+
+/// The event of an ingest handed to a batched statement, which takes only
+/// [`one_event_claimed_here`] ingests.
+fn batched_event(ingest: &Ingest) -> Result<&NewEvent, sqlx::Error> {
+    one_event_claimed_here(ingest).ok_or_else(|| {
+        sqlx::Error::Protocol("a batched ingest must carry one event claimed here".into())
+    })
 }
 
 /// [`insert_and_claim`] for many one-event ingests of a batch in one statement: one round
@@ -257,9 +273,7 @@ pub(crate) async fn insert_and_claim_many(
     let mut destination_of = Vec::new();
     let mut destination = Vec::new();
     for (i, ingest) in ingests.iter().enumerate() {
-        let event = one_event_claimed_here(ingest).ok_or_else(|| {
-            sqlx::Error::Protocol("a batched ingest must carry one event claimed here".into())
-        })?;
+        let event = batched_event(ingest)?;
         let request = &ingest.request;
         received_at.push(request.received_at.0);
         source.push(text(&request.source).into_owned());
@@ -350,17 +364,7 @@ pub(crate) async fn insert_and_claim_many(
             rows.len()
         )));
     }
-    rows.iter()
-        .map(|row| {
-            let request_id = RequestId(row.try_get(0)?);
-            let claimed: bool = row.try_get(1)?;
-            let deliveries: Vec<i64> = row.try_get(2)?;
-            Ok((
-                request_id,
-                claimed.then(|| deliveries.into_iter().map(DeliveryId).collect()),
-            ))
-        })
-        .collect()
+    rows.iter().map(inserted).collect()
 }
 
 /// [`settle`] for many one-event ingests whose batched statement found their keys held: one
@@ -375,9 +379,7 @@ pub(crate) async fn settle_held_many(
     let mut source = Vec::with_capacity(held.len());
     let mut key = Vec::with_capacity(held.len());
     for (ingest, _) in held {
-        let event = one_event_claimed_here(ingest).ok_or_else(|| {
-            sqlx::Error::Protocol("a batched ingest must carry one event claimed here".into())
-        })?;
+        let event = batched_event(ingest)?;
         source.push(ingest.source.as_str());
         key.push(event.key.as_str());
     }

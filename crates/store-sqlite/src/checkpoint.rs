@@ -159,12 +159,11 @@ impl Pace {
     }
 }
 
-/// What a `PASSIVE` checkpoint reported — pages in the WAL, and pages of it copied so far —
-/// and how many times the WAL had started over (its header's checkpoint sequence number).
+/// What a pass saw: the pages in the WAL (as the `PASSIVE` checkpoint reported them), and how
+/// many times the WAL had started over (its header's checkpoint sequence number).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Pass {
     log: i64,
-    checkpointed: i64,
     restarts: Option<u32>,
 }
 
@@ -216,7 +215,6 @@ fn checkpoint(conn: &Connection, wal: Option<&Path>) -> Option<Pass> {
     match res {
         Ok((0, log, checkpointed)) if log >= 0 && checkpointed >= 0 => Some(Pass {
             log,
-            checkpointed,
             restarts: wal.and_then(wal_restarts),
         }),
         Ok(_) => None,
@@ -243,7 +241,6 @@ mod tests {
     fn pass(log: i64, restarts: u32) -> Option<Pass> {
         Some(Pass {
             log,
-            checkpointed: log,
             restarts: Some(restarts),
         })
     }
@@ -263,7 +260,6 @@ mod tests {
         // No header: a WAL holding fewer pages than before started over.
         let blind = |log| Pass {
             log,
-            checkpointed: log,
             restarts: None,
         };
         assert_eq!(blind(100).appended_since(Some(blind(900))), 100);
