@@ -383,10 +383,15 @@ pub(crate) async fn settle_held_many(
         source.push(ingest.source.as_str());
         key.push(event.key.as_str());
     }
+    // Each key is looked up on the primary key (the `LIMIT` keeps the subquery a lookup per
+    // key): as a plain join, the plan cached while the table was small hashed the whole claims
+    // table for every batch, reading 8.5 M rows over 30,000 ingests.
     let rows = sqlx::query(
         "SELECT u.n, c.body_sha256, c.request_id, c.claimed_at, c.expires_at
          FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS u (source, key, n)
-         JOIN claims c ON c.source = u.source AND c.key = u.key",
+         CROSS JOIN LATERAL (
+            SELECT body_sha256, request_id, claimed_at, expires_at FROM claims
+            WHERE source = u.source AND key = u.key LIMIT 1) c",
     )
     .bind(&source)
     .bind(&key)

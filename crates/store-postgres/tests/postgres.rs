@@ -389,6 +389,96 @@ async fn copies_inside_one_batch_make_one_claim_each_key(pad: usize) {
     );
 }
 
+/// A batch's copies of keys already claimed read each claim by its key, on the primary key:
+/// never by a scan of the claims table. Sessions here may not plan a nested loop, so a plain
+/// join of the batch's keys with `claims` would hash (and scan) the whole table; the lookup
+/// per key has no other plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_copies_are_read_by_key_never_by_scanning_the_claims() {
+    let Some(base) = support::base_url("the held-copies plan test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    db.raw()
+        .await
+        .execute(format!("ALTER DATABASE {} SET enable_nestloop = off", db.name).as_str())
+        .await
+        .expect("ALTER DATABASE");
+    let store = one_patient_writer(&db).await;
+    let keys: Vec<String> = (0..5).map(|i| format!("evt_k{i}")).collect();
+    for key in &keys {
+        store
+            .ingest(ingest(SOURCE, &[key], BODY, at(1)))
+            .await
+            .expect("first copy");
+    }
+    let scans_before = counted(&db, keys.len() as i64).await;
+
+    let held = HeldWriter::hold(&db, &store).await;
+    let copies: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let store = store.clone();
+            let ingest = ingest(SOURCE, &[key], BODY, at(2));
+            tokio::spawn(async move { store.ingest(ingest).await })
+        })
+        .collect();
+    held.release().await;
+    for copy in copies {
+        let outcome = copy.await.expect("ingest task").expect("ingest");
+        assert!(
+            matches!(outcome.claims[0].1, Claim::Duplicate { .. }),
+            "{:?}",
+            outcome.claims[0].1
+        );
+    }
+
+    let after = counted(&db, keys.len() as i64 * 2 + 1).await;
+    assert_eq!(
+        after.claims_seq_scans, scans_before.claims_seq_scans,
+        "the held claims were read by scanning the table"
+    );
+}
+
+/// What PostgreSQL's statistics say about this database's tables.
+#[derive(Debug)]
+struct TableCounts {
+    claims_seq_scans: i64,
+    requests_inserted: i64,
+}
+
+/// The counts once `requests` inserted PostgreSQL's statistics hold: the writer's sessions
+/// report their counts when idle, all tables at once, so any scan of the claims made with
+/// those requests is counted too.
+async fn counted(db: &TestDb, requests: i64) -> TableCounts {
+    let deadline = Instant::now() + BOUND;
+    loop {
+        let now = table_counts(db).await;
+        if now.requests_inserted >= requests {
+            return now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the writer's statistics never arrived: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn table_counts(db: &TestDb) -> TableCounts {
+    let row = sqlx::query(
+        "SELECT COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'claims'), 0),
+                COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'requests'), 0)",
+    )
+    .fetch_one(&mut db.raw().await)
+    .await
+    .expect("pg_stat_user_tables");
+    TableCounts {
+        claims_seq_scans: row.get(0),
+        requests_inserted: row.get(1),
+    }
+}
+
 /// Delivery attempts queued together run as one statement: each is recorded and moves its
 /// delivery, and each worker gets a next lease of its own — never a delivery just attempted,
 /// never one another worker got.
