@@ -1063,6 +1063,58 @@ async fn instances_starting_at_once_migrate_once_and_a_newer_schema_is_refused()
     }
 }
 
+/// Bodies are stored compressed with lz4 where the server has it (the default method, pglz,
+/// costs several times the CPU), and read back byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_are_stored_with_lz4_where_the_server_has_it() {
+    let Some(base) = support::base_url("the compression test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = db.store().await;
+    let mut body = br#"{"id":"evt_big","type":"invoice.paid","lines":["#.to_vec();
+    while body.len() < 16 << 10 {
+        body.extend_from_slice(br#"{"amount":5000,"currency":"usd"},"#);
+    }
+    body.extend_from_slice(br#"{}]}"#);
+    let outcome = store
+        .ingest(ingest(SOURCE, &["evt_big"], &body, at(1)))
+        .await
+        .expect("ingest");
+
+    let mut raw = db.raw().await;
+    let has_lz4: bool = sqlx::query_scalar(
+        "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'",
+    )
+    .fetch_optional(&mut raw)
+    .await
+    .expect("pg_settings")
+    .unwrap_or(false);
+    // `pg_column_compression` is as old as lz4 in PostgreSQL (14).
+    if has_lz4 {
+        let (compression, stored): (Option<String>, i32) = sqlx::query_as(
+            "SELECT pg_column_compression(body), pg_column_size(body) FROM requests
+             WHERE id = $1",
+        )
+        .bind(outcome.request_id.0)
+        .fetch_one(&mut raw)
+        .await
+        .expect("the stored body");
+        assert_eq!(compression.as_deref(), Some("lz4"));
+        assert!(
+            (stored as usize) < body.len() / 4,
+            "{stored} bytes stored for {}",
+            body.len()
+        );
+    }
+    let read = store
+        .get_request(outcome.request_id)
+        .await
+        .expect("request")
+        .expect("stored");
+    assert_eq!(read.body[..], body[..], "read back byte for byte");
+}
+
 /// A request refused on a path segment holding NUL (percent-decoded `%00`) is still recorded:
 /// PostgreSQL text cannot hold NUL, and failing the write would answer 503 to a request
 /// already judged.
