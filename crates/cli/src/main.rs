@@ -824,7 +824,8 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         }
         let mut reports = Vec::new();
         for capture in &captures {
-            let signer = hooklatch::replay::signer_for(capture, given.as_ref(), settings.as_ref())?;
+            let signer =
+                hooklatch::replay::signer_for(capture, given.as_ref(), settings.as_ref(), &target)?;
             let (signing, note) =
                 hooklatch::replay::choose_signing(mode, signer, capture, Timestamp::now())?;
             if !args.json {
@@ -918,7 +919,12 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
                     (Some(_), None) => {
                         anyhow::bail!("the capture does not say its provider: pass --config")
                     }
-                    (None, _) => hooklatch::replay::signer_for(&capture, None, settings.as_ref())?,
+                    (None, _) => hooklatch::replay::signer_for(
+                        &capture,
+                        None,
+                        settings.as_ref(),
+                        &Target::Url(args.to.clone()),
+                    )?,
                 };
                 CheckInput::Capture {
                     capture: Box::new(capture),

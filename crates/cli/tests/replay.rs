@@ -437,19 +437,26 @@ async fn a_twilio_get_replays_through_the_gateway_and_to_a_handler_with_its_quer
         unique("CA")
     );
     let path = format!("/in/twilio?{query}");
+    // Twilio's signature of a GET to `url`.
+    let twilio_signs = |url: &str| {
+        let signed = Twilio::default().sign(&hooklatch_core::provider::SignRequest {
+            url,
+            body: b"",
+            secret: &hooklatch_core::Secret::from_text(TOKEN),
+            now: Timestamp::now(),
+            event_key: "",
+            event_type: None,
+        });
+        signed[0].1.clone()
+    };
     // As Twilio signs it: the public URL it calls.
-    let signed = Twilio::default().sign(&hooklatch_core::provider::SignRequest {
-        url: &format!("{PUBLIC}{path}"),
-        body: b"",
-        secret: &hooklatch_core::Secret::from_text(TOKEN),
-        now: Timestamp::now(),
-        event_key: "",
-        event_type: None,
-    });
     let client = reqwest::Client::new();
     let res = client
         .get(format!("{}{path}", gateway.ingest))
-        .header("x-twilio-signature", &signed[0].1)
+        .header(
+            "x-twilio-signature",
+            twilio_signs(&format!("{PUBLIC}{path}")),
+        )
         .send()
         .await
         .unwrap();
@@ -510,4 +517,31 @@ async fn a_twilio_get_replays_through_the_gateway_and_to_a_handler_with_its_quer
     assert_eq!(received.len(), 1);
     assert_eq!(received[0].method, "GET");
     assert_eq!(received[0].uri, format!("/webhooks/stripe?{query}"));
+
+    // Straight at a handler, re-signed from the gateway's config: signed for the URL it was
+    // sent to (what the handler checks), not for the gateway's public URL.
+    let handler = Recorder::start().await;
+    let out = hooklatch(&[
+        "replay",
+        &request_id,
+        "--config",
+        config,
+        "--admin",
+        &gateway.admin,
+        "--to",
+        &handler.url,
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let sent_to = format!("{}?{query}", handler.url);
+    let received = handler.received();
+    assert_eq!(received.len(), 1);
+    assert_eq!(
+        received[0]
+            .headers
+            .get("x-twilio-signature")
+            .map(|v| v.as_bytes()),
+        Some(twilio_signs(&sent_to).as_bytes()),
+        "signed for {sent_to}"
+    );
 }

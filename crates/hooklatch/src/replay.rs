@@ -50,6 +50,9 @@ const TRANSPORT_HEADERS: &[&str] = &[
 pub const TIMESTAMP_SIGNERS: &[&str] =
     &["stripe", "standard-webhooks", "slack", "paddle", "discord"];
 
+/// Providers whose signature covers the URL the request was sent to.
+const URL_SIGNERS: &[&str] = &["twilio"];
+
 /// How much of a response body a report keeps (enough for an error's `code` and `message`).
 const BODY_KEPT: usize = 512;
 
@@ -166,6 +169,22 @@ impl Signer {
         }))
     }
 
+    /// This signer for requests sent straight at a handler: a provider that signs the URL
+    /// (Twilio) signs the URL the request is sent to, not the gateway's `public_url` — the
+    /// handler checks the address it was called at, which is not the gateway's.
+    pub fn straight(self) -> Signer {
+        if !URL_SIGNERS.contains(&self.provider()) {
+            return self;
+        }
+        match crate::fixtures::signer(self.provider(), &self.secret) {
+            Some(adapter) => Signer {
+                adapter: Arc::from(adapter),
+                secret: self.secret,
+            },
+            None => self,
+        }
+    }
+
     /// The provider's name.
     pub fn provider(&self) -> &'static str {
         self.adapter.provider()
@@ -257,20 +276,26 @@ pub enum SignMode {
     Original,
 }
 
-/// The signer for `capture`: the one given (`--provider`/`--secret`), else its source's in the
-/// gateway's `settings`. `None` when neither knows a secret for it.
+/// The signer for `capture` sent to `target`: the one given (`--provider`/`--secret`), else
+/// its source's in the gateway's `settings` ([`Signer::straight`] when the target is a
+/// handler, not the gateway). `None` when neither knows a secret for it.
 pub fn signer_for(
     capture: &Capture,
     given: Option<&Signer>,
     settings: Option<&Settings>,
+    target: &Target,
 ) -> Result<Option<Signer>, ReplayError> {
     if let Some(signer) = given {
         return Ok(Some(signer.clone()));
     }
-    match settings {
-        Some(settings) => Signer::from_settings(settings, &capture.source),
-        None => Ok(None),
-    }
+    let configured = match settings {
+        Some(settings) => Signer::from_settings(settings, &capture.source)?,
+        None => None,
+    };
+    Ok(match target {
+        Target::Url(_) => configured.map(Signer::straight),
+        Target::Gateway(_) => configured,
+    })
 }
 
 /// Resolves `mode` for one capture, with a line saying what was chosen and why.
@@ -783,6 +808,60 @@ mod tests {
             names,
             ["host", "content-type", "Stripe-Signature", "user-agent"]
         );
+    }
+
+    /// Twilio signs the URL it calls. Through the gateway, that is the gateway's public URL;
+    /// straight at a handler, the URL the request goes to.
+    #[test]
+    fn a_url_signer_signs_the_public_url_through_the_gateway_and_the_url_sent_to_a_handler() {
+        use hooklatch_core::provider::Twilio;
+        let secret = Secret::from_text("twilio-token");
+        let behind_proxy = Signer::new(
+            Arc::new(Twilio {
+                public_url: Some("https://hooks.example.com".to_owned()),
+            }),
+            secret.clone(),
+        );
+        let capture = Capture {
+            request_id: None,
+            source: "twilio".to_owned(),
+            provider: Some("twilio".to_owned()),
+            method: "GET".to_owned(),
+            path: "/in/twilio?CallSid=CA1".to_owned(),
+            received_at_ms: 0,
+            keys: vec!["CA1".to_owned()],
+            headers: Vec::new(),
+            body: Vec::new(),
+        };
+        let signature = |signer: &Signer, url: &str| {
+            let headers = signer.sign(&capture, url, Timestamp(0));
+            let found = headers.iter().find(|(n, _)| n == "X-Twilio-Signature");
+            found.map(|(_, v)| v.clone()).expect("a signature")
+        };
+        let as_twilio_signs = |url: &str| {
+            let signed = Twilio::default().sign(&SignRequest {
+                url,
+                body: b"",
+                secret: &secret,
+                now: Timestamp(0),
+                event_key: "",
+                event_type: None,
+            });
+            signed[0].1.clone().into_bytes()
+        };
+        let gateway = "http://127.0.0.1:8080/in/twilio?CallSid=CA1";
+        assert_eq!(
+            signature(&behind_proxy, gateway),
+            as_twilio_signs("https://hooks.example.com/in/twilio?CallSid=CA1")
+        );
+        let handler = "http://127.0.0.1:3000/voice?CallSid=CA1";
+        assert_eq!(
+            signature(&behind_proxy.clone().straight(), handler),
+            as_twilio_signs(handler)
+        );
+        // Other providers do not sign the URL: kept as they are.
+        let stripe = Signer::for_provider("stripe", secret.clone()).unwrap();
+        assert_eq!(stripe.straight().provider(), "stripe");
     }
 
     #[test]
