@@ -46,9 +46,10 @@ pub struct PgOptions {
     /// memory and beyond that every other session's snapshots get slower, so larger values
     /// are rarely worth it.
     pub max_batch: usize,
-    /// Tasks committing batches side by side (URL `writers`, default 4), each holding one
-    /// connection while it commits. More than one, so that a batch waiting on another
-    /// instance's uncommitted claim does not hold up every other ingest.
+    /// Tasks taking turns at committing batches (URL `writers`, default 4), each holding one
+    /// connection while it commits. One batch commits at a time while batches are quick;
+    /// the others start beside a batch that takes long (waiting on another instance's
+    /// uncommitted claim), so such a wait does not hold up every other ingest.
     pub writers: usize,
 }
 

@@ -130,6 +130,38 @@ fn spawn_ingest(
     tokio::spawn(async move { store.ingest(ingest).await })
 }
 
+/// A writer whose turn it is waits for the batch in flight before it starts its own, but not
+/// for a batch waiting on another session's lock: the other keys commit meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_waiting_on_a_lock_does_not_hold_back_the_next() {
+    let Some(base) = support::base_url("the held-back batch test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let mut opts = db.options();
+    opts.writers = 2;
+    opts.lock_timeout = PATIENT;
+    let store = db.store_with(opts).await;
+    let mut raw = hold_claim(&db, "evt_x", BODY, 777).await;
+    let blocked = spawn_ingest(&store, "evt_x");
+    lock_wait(&db).await;
+
+    for i in 0..3 {
+        let key = format!("evt_free{i}");
+        let outcome = tokio::time::timeout(BOUND, spawn_ingest(&store, &key))
+            .await
+            .unwrap_or_else(|_| panic!("{key} was held back by the batch waiting on a lock"))
+            .expect("ingest task")
+            .expect("ingest");
+        assert!(matches!(outcome.claims[0].1, Claim::New { .. }));
+    }
+    assert!(!blocked.is_finished(), "the held key's ingest still waits");
+
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+    let outcome = blocked.await.expect("ingest task").expect("ingest");
+    assert!(matches!(outcome.claims[0].1, Claim::New { .. }));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_waits_for_an_uncommitted_claim_of_its_key_then_is_a_duplicate_after_commit() {
     let Some(base) = support::base_url("the uncommitted-claim commit test") else {
