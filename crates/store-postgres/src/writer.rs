@@ -591,9 +591,11 @@ async fn prepare_batched(
 }
 
 /// Records the batch's delivery attempts that ask for the worker's next lease, with those
-/// leases, in one statement, when there are at least two and they attempted distinct
-/// deliveries. Answers by position in the batch (`Some` for an attempt done here); empty when
-/// there was nothing to batch.
+/// leases, in one statement, when they attempted distinct deliveries — one attempt alone too:
+/// run after the batched ingests, its row locks came after the batch's claims, while another
+/// batch took them in the other order (a deadlock, found by PostgreSQL only after its
+/// `deadlock_timeout`, 1 s, of both batches waiting). Answers by position in the batch
+/// (`Some` for an attempt done here); empty when there was nothing to batch.
 async fn record_batched_attempts(
     conn: &mut PgConnection,
     batch: &[Job],
@@ -611,7 +613,7 @@ async fn record_batched_attempts(
     let mut ids: Vec<i64> = attempts.iter().map(|(r, ..)| r.delivery.0).collect();
     ids.sort_unstable();
     ids.dedup();
-    if attempts.len() < 2 || ids.len() < attempts.len() {
+    if attempts.is_empty() || ids.len() < attempts.len() {
         return Ok(Vec::new());
     }
     let mut leased = outbox::record_attempts_and_lease_many(conn, &attempts)
