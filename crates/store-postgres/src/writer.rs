@@ -6,10 +6,11 @@
 //! flight to commit (at most [`IN_FLIGHT_WAIT`], so a batch waiting on a lock does not hold
 //! the next back; and only while batches take more than one job on average, so a lone request
 //! is not kept waiting for nothing), takes every job waiting by then (up to `max_batch`), and
-//! runs them in one `READ COMMITTED` transaction on one pooled connection. Replies go out only after `COMMIT` returns, so a caller never hears
-//! "done" for work that is not durable; if the commit fails, every job of the batch hears the
-//! error. One commit — one WAL flush, one round trip — covers the whole batch, so PostgreSQL
-//! round trips do not cap ingest throughput.
+//! runs them in one `READ COMMITTED` transaction on one pooled connection. Replies go out
+//! only after `COMMIT` returns, so a caller never hears "done" for work that is not durable;
+//! if the commit fails, every job of the batch hears the error. One commit — one WAL flush,
+//! one round trip — covers the whole batch, so PostgreSQL round trips do not cap ingest
+//! throughput.
 //!
 //! A batch first runs without savepoints: jobs almost never fail on their own, and a savepoint
 //! per job costs a round trip and a subtransaction each (ingest +8–29 % without them, same
