@@ -554,7 +554,17 @@ async fn prepare_batched(
     conn: &mut PgConnection,
     batch: &[Job],
 ) -> Result<Vec<Option<Prepared>>, sqlx::Error> {
-    let attempted = record_batched_attempts(conn, batch).await?;
+    let mut attempted = record_batched_attempts(conn, batch).await?;
+    attempted.resize_with(batch.len(), || None);
+    // The attempts the batched statement did not take (no next lease, or two on one delivery)
+    // run now too, before the claims: every batch locks delivery rows before claims.
+    for (job, done) in batch.iter().zip(attempted.iter_mut()) {
+        if done.is_none() && matches!(job.work, Work::Attempt { .. }) {
+            if let Done::Attempt(leased) = job.work.run(conn, None).await? {
+                *done = Some(leased.map(|leased| *leased));
+            }
+        }
+    }
     let inserted = insert_batched_ingests(conn, batch).await?;
     let held: Vec<(&Ingest, RequestId)> = batch
         .iter()
@@ -592,11 +602,12 @@ async fn prepare_batched(
 }
 
 /// Records the batch's delivery attempts that ask for the worker's next lease, with those
-/// leases, in one statement, when they attempted distinct deliveries — one attempt alone too:
-/// run after the batched ingests, its row locks came after the batch's claims, while another
-/// batch took them in the other order (a deadlock, found by PostgreSQL only after its
-/// `deadlock_timeout`, 1 s, of both batches waiting). Answers by position in the batch
-/// (`Some` for an attempt done here); empty when there was nothing to batch.
+/// leases, in one statement, when they attempted distinct deliveries (one attempt alone too).
+/// [`prepare_batched`] runs the attempts this leaves right after it, still before the batch's
+/// claims: an attempt run after the batched ingests took its row lock after the batch's
+/// claims while another batch took them in the other order (a deadlock, found by PostgreSQL
+/// only after its `deadlock_timeout`, 1 s, of both batches waiting). Answers by position in
+/// the batch (`Some` for an attempt done here); empty when there was nothing to batch.
 async fn record_batched_attempts(
     conn: &mut PgConnection,
     batch: &[Job],
