@@ -561,7 +561,7 @@ async fn prepare_batched(
     for (job, done) in batch.iter().zip(attempted.iter_mut()) {
         if done.is_none() && matches!(job.work, Work::Attempt { .. }) {
             if let Done::Attempt(leased) = job.work.run(conn, None).await? {
-                *done = Some(leased.map(|leased| *leased));
+                *done = Some(leased);
             }
         }
     }
@@ -588,7 +588,7 @@ async fn prepare_batched(
             // Both answer by position (or not at all): advance both at every job.
             let (attempt, insert) = (attempted.next().flatten(), inserted.next().flatten());
             if let Some(leased) = attempt {
-                return Some(Prepared::Attempted(leased.map(Box::new)));
+                return Some(Prepared::Attempted(leased));
             }
             match insert? {
                 (request_id, None) => Some(match settled.next().flatten() {
@@ -611,7 +611,7 @@ async fn prepare_batched(
 async fn record_batched_attempts(
     conn: &mut PgConnection,
     batch: &[Job],
-) -> Result<Vec<Option<Option<LeasedDelivery>>>, sqlx::Error> {
+) -> Result<Vec<Option<Option<Box<LeasedDelivery>>>>, sqlx::Error> {
     let attempts: Vec<_> = batch
         .iter()
         .filter_map(|job| match &job.work {
@@ -634,7 +634,7 @@ async fn record_batched_attempts(
     Ok(batch
         .iter()
         .map(|job| match &job.work {
-            Work::Attempt { next: Some(_), .. } => leased.next(),
+            Work::Attempt { next: Some(_), .. } => leased.next().map(|l| l.map(Box::new)),
             _ => None,
         })
         .collect())
