@@ -5,7 +5,9 @@
 //! delivery, and sleeps until woken by a new event, the next due time, a finished task or the
 //! poll interval. A task that finishes an attempt records it and leases its next due row in
 //! one store write, and goes on while there is work, so a busy worker costs one store round
-//! trip per delivery. Each attempt sends the original body byte-exact with the original headers,
+//! trip per delivery. That write runs while the task attempts the row it leased one write
+//! earlier (each task holds one row ahead), so a busy task is not idle while its attempt
+//! commits. Each attempt sends the original body byte-exact with the original headers,
 //! plus `Idempotency-Key` (the same on every attempt) and, when the destination has a secret,
 //! a Standard Webhooks signature. 2xx is success; anything else, a redirect included, is a
 //! failure retried by the destination's [`RetryPolicy`](hooklatch_core::RetryPolicy).
@@ -20,14 +22,16 @@
 //! guard make the effect once. On shutdown, in-flight attempts get the grace period, then the
 //! worker gives its leases back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hooklatch_core::provider::standard_webhooks::{decode_secret, sign_v1};
 use hooklatch_core::retry::{parse_retry_after, NextAttempt};
 use hooklatch_core::store::{AttemptNext, AttemptResult, LeasedDelivery};
-use hooklatch_core::{Store, Timestamp};
+use hooklatch_core::{Store, StoreError, Timestamp};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +59,19 @@ const DROPPED_HEADERS: &[&str] = &[
     "webhook-timestamp",
     "webhook-signature",
 ];
+
+/// An attempt being recorded with the task's next lease ([`Store::record_attempt_and_lease`]).
+type Recording<'a> =
+    Pin<Box<dyn Future<Output = Result<Option<LeasedDelivery>, StoreError>> + Send + 'a>>;
+
+/// The lease a recorded attempt brought, if any; a failure to record is logged: the lease runs
+/// out and the delivery is attempted again, with the same key.
+fn leased(recorded: Result<Option<LeasedDelivery>, StoreError>) -> Option<LeasedDelivery> {
+    recorded.unwrap_or_else(|err| {
+        tracing::warn!(%err, "could not record a delivery attempt");
+        None
+    })
+}
 
 /// The dispatcher's settings.
 pub struct Worker {
@@ -96,16 +113,21 @@ impl Worker {
             let free = this.concurrency.saturating_sub(in_flight.len());
             let mut leased_all = false;
             if free > 0 {
+                // Up to two rows per free task: the second is the task's next, ready while
+                // the first one's attempt is recorded.
                 match this
                     .store
-                    .lease_due(&this.owner, Timestamp::now(), this.lease, free as u32)
+                    .lease_due(&this.owner, Timestamp::now(), this.lease, (free * 2) as u32)
                     .await
                 {
                     Ok(batch) => {
-                        leased_all = batch.len() == free;
-                        for delivery in batch {
+                        leased_all = batch.len() >= free;
+                        let mut rows = batch.into_iter();
+                        let firsts: Vec<_> = rows.by_ref().take(free).collect();
+                        for first in firsts {
+                            let next = rows.next();
                             let (this, cancel) = (this.clone(), cancel.clone());
-                            in_flight.spawn(async move { this.work(delivery, cancel).await });
+                            in_flight.spawn(async move { this.work(first, next, cancel).await });
                         }
                     }
                     Err(err) => tracing::warn!(%err, "could not lease deliveries"),
@@ -154,27 +176,49 @@ impl Worker {
         }
     }
 
-    /// One delivery task: attempts its delivery, then records the attempt and leases the next
-    /// due delivery in one store call, and goes on until nothing is due or the worker stops.
-    /// A busy worker so needs one store round trip per delivery, and its tasks take their
-    /// next work side by side instead of queueing on the dispatcher.
-    async fn work(&self, first: LeasedDelivery, cancel: CancellationToken) {
-        let mut next = Some(first);
-        while let Some(delivery) = next.take() {
-            let result = self.deliver(delivery).await;
+    /// One delivery task: attempts its delivery, then goes on while there is work. Each
+    /// attempt is recorded together with the lease of the task's next delivery but one, in
+    /// one store call that runs while the task attempts the delivery it already holds: a busy
+    /// task waits for the slower of its attempt and the store's commit, not for both one after
+    /// the other. A task holds at most two leases, the one in flight and the next; the next
+    /// waits at most one attempt, well within its lease (twice the longest timeout and more).
+    async fn work(
+        &self,
+        first: LeasedDelivery,
+        next: Option<LeasedDelivery>,
+        cancel: CancellationToken,
+    ) {
+        let mut ready: VecDeque<LeasedDelivery> = std::iter::once(first).chain(next).collect();
+        let mut recording: Option<Recording<'_>> = None;
+        loop {
+            let Some(delivery) = ready.pop_front() else {
+                match recording.take() {
+                    // Nothing in hand: the attempt being recorded may bring the next lease.
+                    Some(recorded) => {
+                        ready.extend(leased(recorded.await));
+                        continue;
+                    }
+                    None => break,
+                }
+            };
+            let result = match recording.take() {
+                Some(recorded) => {
+                    let (result, recorded) = tokio::join!(self.deliver(delivery), recorded);
+                    ready.extend(leased(recorded));
+                    result
+                }
+                None => self.deliver(delivery).await,
+            };
             if cancel.is_cancelled() {
+                // A lease still in hand is given back with the others at shutdown.
                 self.record(result).await;
                 break;
             }
-            match self
-                .store
-                .record_attempt_and_lease(result, Timestamp::now(), self.lease)
-                .await
-            {
-                Ok(leased) => next = leased,
-                // The lease runs out and the delivery is attempted again, with the same key.
-                Err(err) => tracing::warn!(%err, "could not record a delivery attempt"),
-            }
+            recording = Some(self.store.record_attempt_and_lease(
+                result,
+                Timestamp::now(),
+                self.lease,
+            ));
         }
     }
 
@@ -404,4 +448,226 @@ fn describe(err: &reqwest::Error, timeout: Duration) -> String {
         source = s.source();
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use axum::routing::post;
+    use hooklatch_core::store::{
+        DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, Purged, Redrive, Rejected,
+        RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
+    };
+    use hooklatch_core::{DeliveryId, RequestId, RetryPolicy};
+    use hooklatch_testkit::conformance::fixture;
+    use hooklatch_testkit::MemoryStore;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// A [`MemoryStore`] whose `record_attempt_and_lease` commits only when the test lets it:
+    /// a store whose commit is slow.
+    struct SlowCommits {
+        inner: MemoryStore,
+        commits: Semaphore,
+        recording: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for SlowCommits {
+        async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
+            self.inner.ingest(ingest).await
+        }
+        async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
+            self.inner.record_rejection(rejected).await
+        }
+        async fn record_import(
+            &self,
+            request: RequestRecord,
+            keys: Vec<String>,
+        ) -> Result<RequestId, StoreError> {
+            self.inner.record_import(request, keys).await
+        }
+        async fn record_handshake(
+            &self,
+            request: RequestRecord,
+            status: u16,
+        ) -> Result<RequestId, StoreError> {
+            self.inner.record_handshake(request, status).await
+        }
+        async fn lease_due(
+            &self,
+            owner: &str,
+            now: Timestamp,
+            lease: Duration,
+            limit: u32,
+        ) -> Result<Vec<LeasedDelivery>, StoreError> {
+            self.inner.lease_due(owner, now, lease, limit).await
+        }
+        async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
+            self.inner.record_attempt(result).await
+        }
+        async fn record_attempt_and_lease(
+            &self,
+            result: AttemptResult,
+            now: Timestamp,
+            lease: Duration,
+        ) -> Result<Option<LeasedDelivery>, StoreError> {
+            self.recording.fetch_add(1, Ordering::SeqCst);
+            self.commits.acquire().await.expect("never closed").forget();
+            self.inner
+                .record_attempt_and_lease(result, now, lease)
+                .await
+        }
+        async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
+            self.inner.release_leases(owner).await
+        }
+        async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
+            self.inner.next_due().await
+        }
+        async fn list_requests(
+            &self,
+            filter: RequestFilter,
+        ) -> Result<Vec<RequestSummary>, StoreError> {
+            self.inner.list_requests(filter).await
+        }
+        async fn get_request(&self, id: RequestId) -> Result<Option<RequestDetail>, StoreError> {
+            self.inner.get_request(id).await
+        }
+        async fn list_deliveries(
+            &self,
+            filter: DeliveryFilter,
+        ) -> Result<Vec<DeliveryDetail>, StoreError> {
+            self.inner.list_deliveries(filter).await
+        }
+        async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
+            self.inner.redrive(id, now).await
+        }
+        async fn purge(&self, now: Timestamp, before: Timestamp) -> Result<Purged, StoreError> {
+            self.inner.purge(now, before).await
+        }
+        async fn stats(&self) -> Result<StoreStats, StoreError> {
+            self.inner.stats().await
+        }
+        async fn ping(&self) -> Result<(), StoreError> {
+            self.inner.ping().await
+        }
+    }
+
+    /// How many deliveries `store` holds as delivered (the memory store answers at once).
+    fn delivered(store: &MemoryStore) -> usize {
+        let filter = DeliveryFilter {
+            state: Some(hooklatch_core::store::DeliveryState::Delivered),
+            destination: None,
+            before: None,
+            limit: 100,
+        };
+        futures::executor::block_on(store.list_deliveries(filter))
+            .unwrap()
+            .len()
+    }
+
+    /// Waits (a few seconds at most) until `done` holds.
+    async fn eventually(what: &str, done: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if done() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting until {what}");
+    }
+
+    #[tokio::test]
+    async fn a_busy_task_attempts_its_next_delivery_while_the_last_attempt_commits() {
+        // A sink that counts what it is sent.
+        let received = Arc::new(AtomicUsize::new(0));
+        let counter = received.clone();
+        let app = axum::Router::new().route(
+            "/sink",
+            post(move || {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/sink", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+
+        // Three events for one destination, due now.
+        let store = Arc::new(SlowCommits {
+            inner: MemoryStore::default(),
+            commits: Semaphore::new(0),
+            recording: AtomicUsize::new(0),
+        });
+        for key in ["evt_1", "evt_2", "evt_3"] {
+            let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
+            ingest.destinations = vec!["app".to_owned()];
+            // The fixture's headers include bytes no HTTP request may carry.
+            ingest.request.headers =
+                vec![("content-type".to_owned(), b"application/json".to_vec())];
+            store.ingest(ingest).await.unwrap();
+        }
+        let destination = Destination {
+            name: "app".to_owned(),
+            kind: DestinationKind::Http {
+                url: url.parse().unwrap(),
+                secret: None,
+            },
+            timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+        };
+        // One task: whatever overlaps is the task's own pipelining.
+        let worker = Worker {
+            store: store.clone(),
+            destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
+            publishers: HashMap::new(),
+            providers: HashMap::new(),
+            client: Worker::client().unwrap(),
+            owner: "test-worker".to_owned(),
+            concurrency: 1,
+            poll_interval: Duration::from_secs(60),
+            lease: Duration::from_secs(60),
+            enqueued: Arc::new(Notify::new()),
+        };
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+
+        // The first attempt's commit is held: the second delivery goes out meanwhile, and
+        // the task then waits for that commit before it records the second.
+        eventually("two deliveries were sent", || {
+            received.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        assert_eq!(store.recording.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            received.load(Ordering::SeqCst),
+            2,
+            "a third went out before a commit"
+        );
+
+        // Each commit let through brings the next.
+        store.commits.add_permits(1);
+        eventually("three deliveries were sent", || {
+            received.load(Ordering::SeqCst) == 3
+        })
+        .await;
+        store.commits.add_permits(2);
+        eventually("every attempt was recorded", || {
+            store.recording.load(Ordering::SeqCst) == 3
+        })
+        .await;
+        eventually("every delivery was recorded as delivered", || {
+            delivered(&store.inner) == 3
+        })
+        .await;
+        assert_eq!(received.load(Ordering::SeqCst), 3, "nothing was sent twice");
+        cancel.cancel();
+        running.await.unwrap();
+    }
 }
