@@ -46,10 +46,11 @@ pub struct PgOptions {
     /// memory and beyond that every other session's snapshots get slower, so larger values
     /// are rarely worth it.
     pub max_batch: usize,
-    /// Tasks taking turns at committing batches (URL `writers`, default 4), each holding one
-    /// connection while it commits. One batch commits at a time while batches are quick;
-    /// the others start beside a batch that takes long (waiting on another instance's
-    /// uncommitted claim), so such a wait does not hold up every other ingest.
+    /// Tasks taking turns at committing the ingest path's batches (URL `writers`, default 4),
+    /// each holding one connection while it commits. One batch commits at a time while
+    /// batches are quick; the others start beside a batch that takes long (waiting on another
+    /// instance's uncommitted claim), so such a wait does not hold up every other ingest.
+    /// Delivery attempts commit in a lane of their own, with up to two more such tasks.
     pub writers: usize,
 }
 

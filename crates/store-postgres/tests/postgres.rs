@@ -12,12 +12,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hooklatch_core::store::{AttemptNext, AttemptResult, DeliveryState, Verdict};
+use hooklatch_core::store::{AttemptNext, AttemptResult, DeliveryFilter, DeliveryState, Verdict};
 use hooklatch_core::{Claim, DeliveryId, RequestId, Store, StoreError};
 use hooklatch_store_postgres::{schema, PgOptions, PostgresStore};
 use hooklatch_testkit::conformance::fixture::{
-    all_deliveries, all_requests, at, deliveries_with_key, delivery, idempotency_key, ingest,
-    new_deliveries, requests_with_key, sha256, DESTINATIONS, RETENTION, T0,
+    all_deliveries, all_requests, at, attempt, deliveries_with_key, delivery, idempotency_key,
+    ingest, new_deliveries, requests_with_key, sha256, ALL, DESTINATIONS, RETENTION, T0, WORKER,
 };
 use sqlx::{Executor, PgConnection, Row};
 use support::{with_param, TestDb};
@@ -130,6 +130,78 @@ fn spawn_ingest(
     tokio::spawn(async move { store.ingest(ingest).await })
 }
 
+/// Three ingests of keys nobody holds commit (bounded wait), in spite of `waiting`.
+async fn free_keys_commit(store: &PostgresStore, waiting: &str) {
+    for i in 0..3 {
+        let key = format!("evt_free{i}");
+        let outcome = tokio::time::timeout(BOUND, spawn_ingest(store, &key))
+            .await
+            .unwrap_or_else(|_| panic!("{key} was held back by {waiting}"))
+            .expect("ingest task")
+            .expect("ingest");
+        assert!(matches!(outcome.claims[0].1, Claim::New { .. }));
+    }
+}
+
+/// Delivery attempts commit in a lane of their own: with one writer task for the ingest path,
+/// an attempt stuck on a row lock does not hold back acknowledgements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_waiting_on_a_lock_does_not_hold_back_ingests() {
+    let Some(base) = support::base_url("the attempts lane test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = one_patient_writer(&db).await;
+    let queued = spawn_ingest(&store, "evt_queued")
+        .await
+        .expect("ingest task")
+        .expect("ingest");
+    assert!(matches!(queued.claims[0].1, Claim::New { .. }));
+    let leased = store
+        .lease_due(WORKER, at(2), Duration::from_secs(60), 10)
+        .await
+        .expect("lease");
+    let id = leased[0].id;
+
+    // Another session holds the delivery row: the attempt's update waits for it.
+    let mut raw = db.raw().await;
+    raw.execute("BEGIN").await.expect("BEGIN");
+    sqlx::query("SELECT id FROM deliveries WHERE id = $1 FOR UPDATE")
+        .bind(id.0)
+        .execute(&mut raw)
+        .await
+        .expect("locking the delivery row");
+    let attempting = {
+        let store = store.clone();
+        let result = attempt(id, at(3), Some(200), None, AttemptNext::Delivered);
+        tokio::spawn(async move { store.record_attempt(result).await })
+    };
+    assert_eq!(lock_wait(&db).await.0, "Lock");
+
+    free_keys_commit(&store, "the attempt waiting on a lock").await;
+    assert!(!attempting.is_finished(), "the attempt still waits");
+
+    raw.execute("ROLLBACK").await.expect("ROLLBACK");
+    attempting
+        .await
+        .expect("attempt task")
+        .expect("the attempt");
+    let delivered = store
+        .list_deliveries(DeliveryFilter {
+            state: Some(DeliveryState::Delivered),
+            destination: None,
+            before: None,
+            limit: ALL,
+        })
+        .await
+        .expect("list");
+    assert_eq!(
+        delivered.len(),
+        1,
+        "the attempt was recorded once it could be"
+    );
+}
+
 /// A writer whose turn it is waits for the batch in flight before it starts its own, but not
 /// for a batch waiting on another session's lock: the other keys commit meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,15 +218,7 @@ async fn a_batch_waiting_on_a_lock_does_not_hold_back_the_next() {
     let blocked = spawn_ingest(&store, "evt_x");
     lock_wait(&db).await;
 
-    for i in 0..3 {
-        let key = format!("evt_free{i}");
-        let outcome = tokio::time::timeout(BOUND, spawn_ingest(&store, &key))
-            .await
-            .unwrap_or_else(|_| panic!("{key} was held back by the batch waiting on a lock"))
-            .expect("ingest task")
-            .expect("ingest");
-        assert!(matches!(outcome.claims[0].1, Claim::New { .. }));
-    }
+    free_keys_commit(&store, "the batch waiting on a lock").await;
     assert!(!blocked.is_finished(), "the held key's ingest still waits");
 
     raw.execute("ROLLBACK").await.expect("ROLLBACK");
