@@ -536,11 +536,88 @@ async fn held_copies_are_read_by_key_never_by_scanning_the_claims() {
     );
 }
 
+/// Attempts find their deliveries by id and their next leases by the ready index, never by
+/// scanning the deliveries table, even where a scan looks cheapest to the planner: as it did
+/// on a new database, where a connection's plan made while the table was a few pages went on
+/// scanning it as it grew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_never_scan_the_deliveries_table() {
+    let Some(base) = support::base_url("the attempts plan test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    db.raw()
+        .await
+        .execute(
+            format!(
+                "ALTER DATABASE {name} SET seq_page_cost = 0;
+                 ALTER DATABASE {name} SET random_page_cost = 1000",
+                name = db.name
+            )
+            .as_str(),
+        )
+        .await
+        .expect("ALTER DATABASE");
+    let store = db.store().await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let outcome = store
+            .ingest(ingest(SOURCE, &[&format!("evt_k{i}")], BODY, at(1)))
+            .await
+            .expect("ingest");
+        match &outcome.claims[0].1 {
+            Claim::New { deliveries } => ids.extend(deliveries.iter().copied()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let before = counted(&db, 5).await;
+
+    // Together (one batched statement) and one at a time.
+    let together: Vec<_> = ids[..6]
+        .iter()
+        .map(|id| {
+            let store = store.clone();
+            let result = attempt(*id, at(2), Some(200), None, AttemptNext::Delivered);
+            tokio::spawn(async move {
+                store
+                    .record_attempt_and_lease(result, at(2), Duration::from_secs(60))
+                    .await
+            })
+        })
+        .collect();
+    for task in together {
+        task.await.expect("attempt task").expect("attempt");
+    }
+    for id in &ids[6..] {
+        let result = attempt(*id, at(3), Some(200), None, AttemptNext::Delivered);
+        store
+            .record_attempt_and_lease(result, at(3), Duration::from_secs(60))
+            .await
+            .expect("attempt");
+    }
+
+    let deadline = Instant::now() + BOUND;
+    let after = loop {
+        let now = table_counts(&db).await;
+        if now.attempts_inserted >= ids.len() as i64 {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "no statistics arrived: {now:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        after.deliveries_seq_scans, before.deliveries_seq_scans,
+        "an attempt scanned the deliveries table"
+    );
+}
+
 /// What PostgreSQL's statistics say about this database's tables.
 #[derive(Debug)]
 struct TableCounts {
     claims_seq_scans: i64,
     requests_inserted: i64,
+    deliveries_seq_scans: i64,
+    attempts_inserted: i64,
 }
 
 /// The counts once `requests` inserted PostgreSQL's statistics hold: the writer's sessions
@@ -564,7 +641,9 @@ async fn counted(db: &TestDb, requests: i64) -> TableCounts {
 async fn table_counts(db: &TestDb) -> TableCounts {
     let row = sqlx::query(
         "SELECT COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'claims'), 0),
-                COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'requests'), 0)",
+                COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'requests'), 0),
+                COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'deliveries'), 0),
+                COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'attempts'), 0)",
     )
     .fetch_one(&mut db.raw().await)
     .await
@@ -572,6 +651,8 @@ async fn table_counts(db: &TestDb) -> TableCounts {
     TableCounts {
         claims_seq_scans: row.get(0),
         requests_inserted: row.get(1),
+        deliveries_seq_scans: row.get(2),
+        attempts_inserted: row.get(3),
     }
 }
 
