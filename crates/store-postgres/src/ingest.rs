@@ -245,6 +245,18 @@ fn batched_event(ingest: &Ingest) -> Result<&NewEvent, sqlx::Error> {
     })
 }
 
+/// What [`insert_and_claim_many`] did for one ingest.
+pub(crate) enum Batched {
+    /// Its request is recorded and its claim is new, with the deliveries it queued.
+    Claimed(RequestId, Vec<DeliveryId>),
+    /// Its request is recorded with its verdict, decided by a live claim of another request
+    /// that the statement could read.
+    Settled(IngestOutcome),
+    /// Its request is recorded, but the key was held by a claim the statement could not read
+    /// (committed while it waited), or by an expired one: [`settle_held_many`] reads it.
+    Held(RequestId),
+}
+
 /// [`insert_and_claim`] for many one-event ingests of a batch in one statement: one round
 /// trip instead of one each. Answers in the order given.
 ///
@@ -252,10 +264,17 @@ fn batched_event(ingest: &Ingest) -> Result<&NewEvent, sqlx::Error> {
 /// knows its request. Claims are inserted in `(source, key)` order, as the batch's jobs would
 /// claim them, and of two copies of one key in the batch the earlier one claims it (the later
 /// one's insert does nothing, as it would in a statement of its own after the first).
+///
+/// The statement also knows who holds a key its copy could not claim, when it can (`held`):
+/// an earlier copy in the same statement that claimed it, or a live claim in the statement's
+/// snapshot (committed before it; read by key, `h`). Such a copy is recorded with its verdict
+/// (duplicate or conflict) at once, without the two statements of [`settle_held_many`]. A
+/// live claim cannot change under the statement: only an expired claim is ever replaced or
+/// purged.
 pub(crate) async fn insert_and_claim_many(
     conn: &mut PgConnection,
     ingests: &[&Ingest],
-) -> Result<Vec<(RequestId, Option<Vec<DeliveryId>>)>, sqlx::Error> {
+) -> Result<Vec<Batched>, sqlx::Error> {
     let n = ingests.len();
     let mut received_at = Vec::with_capacity(n);
     let mut source = Vec::with_capacity(n);
@@ -307,19 +326,36 @@ pub(crate) async fn insert_and_claim_many(
                  WITH ORDINALITY AS u (received_at, source, method, path, peer, headers, body,
                         body_truncated, key, sha, expires_at, event_type, idempotency_key,
                         claim_source, n)),
-         r AS (
-            INSERT INTO requests (id, received_at, source, method, path, peer, headers, body,
-                body_truncated, verdict, reason, status, keys)
-            OVERRIDING SYSTEM VALUE
-            SELECT id, received_at, source, method, path, peer, headers, body, body_truncated,
-                'accepted', NULL, 200, ARRAY[key]
-            FROM i ORDER BY n),
+         h AS (
+            SELECT i.n, held.body_sha256, held.request_id, held.claimed_at, held.expires_at
+            FROM i CROSS JOIN LATERAL (
+                SELECT body_sha256, request_id, claimed_at, expires_at FROM claims
+                WHERE source = i.claim_source AND key = i.key LIMIT 1) held
+            WHERE held.expires_at > i.received_at),
          c AS (
             INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
             SELECT claim_source, key, sha, id, received_at, expires_at
             FROM i ORDER BY claim_source, key, n
             ON CONFLICT (source, key) DO NOTHING
             RETURNING request_id),
+         held AS (
+            SELECT n, body_sha256, request_id, claimed_at FROM h
+            UNION ALL
+            SELECT i.n, e.sha, e.id, e.received_at
+            FROM i JOIN i e ON e.claim_source = i.claim_source AND e.key = i.key AND e.n < i.n
+            JOIN c ON c.request_id = e.id),
+         r AS (
+            INSERT INTO requests (id, received_at, source, method, path, peer, headers, body,
+                body_truncated, verdict, reason, status, keys)
+            OVERRIDING SYSTEM VALUE
+            SELECT i.id, i.received_at, i.source, i.method, i.path, i.peer, i.headers, i.body,
+                i.body_truncated,
+                CASE WHEN held.n IS NULL OR EXISTS (SELECT 1 FROM c WHERE c.request_id = i.id)
+                        THEN 'accepted'
+                    WHEN held.body_sha256 = i.sha THEN 'duplicate'
+                    ELSE 'conflict' END,
+                NULL, 200, ARRAY[i.key]
+            FROM i LEFT JOIN held ON held.n = i.n ORDER BY i.n),
          k AS (
             INSERT INTO request_keys (key, request_id)
             SELECT i.key, i.id FROM i
@@ -337,8 +373,9 @@ pub(crate) async fn insert_and_claim_many(
             ORDER BY i.n, x.o
             RETURNING id, request_id)
          SELECT i.id, EXISTS (SELECT 1 FROM c WHERE c.request_id = i.id),
-            ARRAY(SELECT d.id FROM d WHERE d.request_id = i.id ORDER BY d.id)
-         FROM i ORDER BY i.n",
+            ARRAY(SELECT d.id FROM d WHERE d.request_id = i.id ORDER BY d.id),
+            held.body_sha256, held.request_id, held.claimed_at
+         FROM i LEFT JOIN held ON held.n = i.n ORDER BY i.n",
     )
     .bind(&received_at)
     .bind(&source)
@@ -364,7 +401,29 @@ pub(crate) async fn insert_and_claim_many(
             rows.len()
         )));
     }
-    rows.iter().map(inserted).collect()
+    rows.iter()
+        .zip(ingests)
+        .map(|(row, ingest)| {
+            let (request_id, claimed) = inserted(row)?;
+            if let Some(deliveries) = claimed {
+                return Ok(Batched::Claimed(request_id, deliveries));
+            }
+            let held: Option<Vec<u8>> = row.try_get(3)?;
+            let Some(held_sha256) = held else {
+                return Ok(Batched::Held(request_id));
+            };
+            let claim = earlier_claim(
+                ingest,
+                &held_sha256,
+                RequestId(row.try_get(4)?),
+                Timestamp(row.try_get(5)?),
+            );
+            Ok(Batched::Settled(IngestOutcome {
+                request_id,
+                claims: vec![(batched_event(ingest)?.key.clone(), claim)],
+            }))
+        })
+        .collect()
 }
 
 /// [`settle`] for many one-event ingests whose batched statement found their keys held: one

@@ -108,7 +108,8 @@ type Inserted = (RequestId, Option<Vec<DeliveryId>>);
 enum Prepared {
     /// Recorded its request and tried its claim; what is left is to settle it.
     Inserted(Inserted),
-    /// Done: its key was held by another request, read in [`ingest::settle_held_many`].
+    /// Done: its key was held by another request, read in the batched statement itself or
+    /// in [`ingest::settle_held_many`].
     Settled(IngestOutcome),
     /// Done: an attempt recorded with the worker's next lease, in
     /// [`outbox::record_attempts_and_lease_many`].
@@ -618,7 +619,7 @@ async fn run_batch(
 async fn insert_batched_ingests(
     conn: &mut PgConnection,
     batch: &[Job],
-) -> Result<Vec<Option<Inserted>>, sqlx::Error> {
+) -> Result<Vec<Option<ingest::Batched>>, sqlx::Error> {
     let mut ingests = Vec::new();
     for job in batch {
         match (&job.work, job.work.batchable_ingest()) {
@@ -679,7 +680,9 @@ async fn prepare_batched(
         .iter()
         .zip(&inserted)
         .filter_map(|(job, done)| match (&job.work, done) {
-            (Work::Ingest(ingest), Some((request_id, None))) => Some((ingest, *request_id)),
+            (Work::Ingest(ingest), Some(ingest::Batched::Held(request_id))) => {
+                Some((ingest, *request_id))
+            }
             _ => None,
         })
         .collect();
@@ -699,13 +702,16 @@ async fn prepare_batched(
             if let Some(leased) = attempt {
                 return Some(Prepared::Attempted(leased));
             }
-            match insert? {
-                (request_id, None) => Some(match settled.next().flatten() {
+            Some(match insert? {
+                ingest::Batched::Claimed(request_id, deliveries) => {
+                    Prepared::Inserted((request_id, Some(deliveries)))
+                }
+                ingest::Batched::Settled(outcome) => Prepared::Settled(outcome),
+                ingest::Batched::Held(request_id) => match settled.next().flatten() {
                     Some(outcome) => Prepared::Settled(outcome),
                     None => Prepared::Inserted((request_id, None)),
-                }),
-                done => Some(Prepared::Inserted(done)),
-            }
+                },
+            })
         })
         .collect())
 }

@@ -611,6 +611,82 @@ async fn attempts_never_scan_the_deliveries_table() {
     );
 }
 
+/// Copies whose keys are held by a claim the batched statement can see (an earlier copy in
+/// the same statement, or a live claim committed before it) get their verdicts in that
+/// statement: duplicate or conflict as the bodies say, and no request row written twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_the_batched_statement_can_see_are_settled_in_it() {
+    let Some(base) = support::base_url("the in-statement verdicts test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = one_patient_writer(&db).await;
+    let (one, two) = (&br#"{"v":1}"#[..], &br#"{"v":2}"#[..]);
+    let committed = store
+        .ingest(ingest(SOURCE, &["evt_c"], one, at(1)))
+        .await
+        .expect("the first copy");
+
+    let held = HeldWriter::hold(&db, &store).await;
+    let send = |key: &str, body: &[u8]| {
+        let store = store.clone();
+        let ingest = ingest(SOURCE, &[key], body, at(2));
+        tokio::spawn(async move { store.ingest(ingest).await })
+    };
+    let copies = [
+        send("evt_c", one),
+        send("evt_c", two),
+        send("evt_n", one),
+        send("evt_n", one),
+        send("evt_n", two),
+    ];
+    held.release().await;
+    let mut outcomes = Vec::new();
+    for task in copies {
+        outcomes.push(task.await.expect("ingest task").expect("ingest"));
+    }
+
+    let first_n = outcomes[2..]
+        .iter()
+        .find(|o| matches!(o.claims[0].1, Claim::New { .. }))
+        .expect("one copy of evt_n claims it")
+        .request_id;
+    let kinds: Vec<(&str, Option<RequestId>)> = outcomes
+        .iter()
+        .map(|o| match &o.claims[0].1 {
+            Claim::New { .. } => ("new", None),
+            Claim::Duplicate { first_request, .. } => ("duplicate", Some(*first_request)),
+            Claim::Conflict { first_request, .. } => ("conflict", Some(*first_request)),
+        })
+        .collect();
+    let c = Some(committed.request_id);
+    let mut n_copies = kinds[2..].to_vec();
+    n_copies.sort();
+    assert_eq!(&kinds[..2], &[("duplicate", c), ("conflict", c)]);
+    assert_eq!(
+        n_copies,
+        vec![
+            ("conflict", Some(first_n)),
+            ("duplicate", Some(first_n)),
+            ("new", None)
+        ]
+    );
+    let history = all_requests(&store).await;
+    for outcome in &outcomes {
+        let stored = history
+            .iter()
+            .find(|r| r.id == outcome.request_id)
+            .expect("recorded");
+        assert_eq!(stored.verdict, outcome.verdict(), "{:?}", outcome.claims);
+    }
+    // evt_c, evt_x (the held writer's) and the five copies.
+    let after = counted(&db, 7).await;
+    assert_eq!(
+        after.requests_updated, 0,
+        "a verdict was written after its request"
+    );
+}
+
 /// What PostgreSQL's statistics say about this database's tables.
 #[derive(Debug)]
 struct TableCounts {
@@ -618,6 +694,7 @@ struct TableCounts {
     requests_inserted: i64,
     deliveries_seq_scans: i64,
     attempts_inserted: i64,
+    requests_updated: i64,
 }
 
 /// The counts once `requests` inserted PostgreSQL's statistics hold: the writer's sessions
@@ -643,7 +720,8 @@ async fn table_counts(db: &TestDb) -> TableCounts {
         "SELECT COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'claims'), 0),
                 COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'requests'), 0),
                 COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'deliveries'), 0),
-                COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'attempts'), 0)",
+                COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'attempts'), 0),
+                COALESCE((SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'requests'), 0)",
     )
     .fetch_one(&mut db.raw().await)
     .await
@@ -653,6 +731,7 @@ async fn table_counts(db: &TestDb) -> TableCounts {
         requests_inserted: row.get(1),
         deliveries_seq_scans: row.get(2),
         attempts_inserted: row.get(3),
+        requests_updated: row.get(4),
     }
 }
 
