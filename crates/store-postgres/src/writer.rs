@@ -227,7 +227,7 @@ const ATTEMPT_WRITERS: usize = 2;
 /// ingest path (ingests, rejections, handshakes), one for delivery attempts. A batch of
 /// either kind commits beside a batch of the other, so an acknowledgement never waits for
 /// workers' attempts to be written, nor the other way round (on 2 cores at c=64 while
-/// delivering, a single lane of both kinds committed about 10,000 jobs/s in all, shared
+/// delivering, a single lane of both kinds committed about 9,500 jobs/s in all, shared
 /// between the two). The lanes never wait on each other's locks: attempts lock rows leased
 /// to their own workers, ingests their claims and the rows they insert.
 #[derive(Clone)]
