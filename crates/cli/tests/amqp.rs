@@ -33,13 +33,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use lapin::message::BasicGetMessage;
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+use hooklatch_testkit::amqp::{broker_url, header, TestBroker};
 use sqlx::Connection as _;
 use support::{
     stripe_headers, stripe_invoice_paid, unique, wait_until, wait_until_within, Behaviour, Gateway,
@@ -49,133 +43,6 @@ use support::{
 /// Held for reading by every test that uses the broker, for writing by the one that restarts
 /// it: a restart would otherwise break the other tests of this binary running in parallel.
 static BROKER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
-
-/// The broker URL, or `None` (after printing why) when the tests should skip.
-fn broker_url() -> Option<String> {
-    match std::env::var("HOOKLATCH_TEST_AMQP_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "HOOKLATCH_TEST_AMQP_URL must be set under CI (a RabbitMQ broker for the tests)"
-            );
-            eprintln!("skipped: set HOOKLATCH_TEST_AMQP_URL");
-            None
-        }
-    }
-}
-
-/// The test's own broker connection: declares, inspects and deletes.
-struct Broker {
-    connection: Connection,
-    channel: Channel,
-    exchanges: Vec<String>,
-    queues: Vec<String>,
-}
-
-impl Broker {
-    async fn connect(url: &str) -> Broker {
-        let connection = Connection::connect(url, ConnectionProperties::default())
-            .await
-            .expect("connecting to the test broker");
-        let channel = connection.create_channel().await.expect("a channel");
-        Broker {
-            connection,
-            channel,
-            exchanges: Vec::new(),
-            queues: Vec::new(),
-        }
-    }
-
-    /// A durable topic exchange, bound to nothing.
-    async fn exchange(&mut self, name: &str) {
-        self.channel
-            .exchange_declare(
-                name,
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("declaring an exchange");
-        self.exchanges.push(name.to_owned());
-    }
-
-    /// A durable queue bound to `exchange` with `routing_key`.
-    async fn bound_queue(&mut self, name: &str, exchange: &str, routing_key: &str) {
-        self.channel
-            .queue_declare(
-                name,
-                QueueDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("declaring a queue");
-        self.channel
-            .queue_bind(
-                name,
-                exchange,
-                routing_key,
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("binding a queue");
-        self.queues.push(name.to_owned());
-    }
-
-    /// Remembers names the gateway declares, for the clean-up.
-    fn owns(&mut self, exchange: &str, queue: &str) {
-        self.exchanges.push(exchange.to_owned());
-        self.queues.push(queue.to_owned());
-    }
-
-    /// The next message in `queue` (acked), waiting up to `within`.
-    async fn get_within(&self, queue: &str, within: Duration) -> Option<BasicGetMessage> {
-        let started = Instant::now();
-        loop {
-            let got = self
-                .channel
-                .basic_get(queue, BasicGetOptions::default())
-                .await
-                .expect("basic.get");
-            if let Some(msg) = got {
-                msg.delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .expect("ack");
-                return Some(msg);
-            }
-            if started.elapsed() >= within {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn clean_up(self) {
-        for queue in &self.queues {
-            let _ = self
-                .channel
-                .queue_delete(queue, QueueDeleteOptions::default())
-                .await;
-        }
-        for exchange in &self.exchanges {
-            let _ = self
-                .channel
-                .exchange_delete(exchange, ExchangeDeleteOptions::default())
-                .await;
-        }
-        let _ = self.connection.close(200, "done").await;
-    }
-}
 
 /// Gateway options: the `stripe` source delivers to an AMQP destination `mq` (3 quick
 /// attempts) with `mq_settings` (exchange, routing key, declarations).
@@ -210,25 +77,11 @@ amqp = "env:E2E_AMQP_URL"
     }
 }
 
-fn header(msg: &BasicGetMessage, name: &str) -> String {
-    let headers = msg
-        .delivery
-        .properties
-        .headers()
-        .clone()
-        .expect("the message has headers");
-    match headers.inner().get(name) {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        Some(AMQPValue::LongLongInt(n)) => n.to_string(),
-        other => panic!("header {name}: {other:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_payment_sent_42_times_is_one_persistent_message_keyed_by_its_event() {
     let Some(url) = broker_url() else { return };
     let _broker_up = BROKER.read().await;
-    let mut broker = Broker::connect(&url).await;
+    let mut broker = TestBroker::connect(&url).await;
     let exchange = format!("hooklatch-e2e-x-{}", unique("pay"));
     let queue = format!("hooklatch-e2e-q-{}", unique("pay"));
     broker.owns(&exchange, &queue);
@@ -310,7 +163,7 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
 {
     let Some(url) = broker_url() else { return };
     let _broker_up = BROKER.read().await;
-    let mut broker = Broker::connect(&url).await;
+    let mut broker = TestBroker::connect(&url).await;
     let exchange = format!("hooklatch-e2e-unbound-{}", unique("x"));
     broker.exchange(&exchange).await;
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -677,7 +530,7 @@ impl Drop for Consumer {
 struct TicketFlow {
     url: String,
     db: TestDb,
-    broker: Broker,
+    broker: TestBroker,
     queue: String,
     _handler: Handler,
     gw: Gateway,
@@ -686,7 +539,7 @@ struct TicketFlow {
 impl TicketFlow {
     async fn start(url: &str, pg: &str, name: &str) -> TicketFlow {
         let db = TestDb::create(pg).await;
-        let mut broker = Broker::connect(url).await;
+        let mut broker = TestBroker::connect(url).await;
         let exchange = format!("hooklatch-e2e-x-{}", unique(name));
         let queue = format!("hooklatch-e2e-q-{}", unique(name));
         broker.owns(&exchange, &queue);
@@ -1011,7 +864,7 @@ async fn a_broker_restarted_during_a_burst_of_1000_events_loses_none_and_the_gua
         &url, &ctl, &db, &exchange, &queue,
     )))
     .await;
-    let mut broker = Broker::connect(&url).await;
+    let mut broker = TestBroker::connect(&url).await;
     broker.owns(&exchange, &queue);
     broker.clean_up().await;
     db.drop_now().await;

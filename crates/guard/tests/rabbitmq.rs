@@ -10,6 +10,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use hooklatch_guard::rabbitmq::{handle_once, HandleError, Handled};
 use hooklatch_guard::{claim, ensure_table, Claim};
+use hooklatch_testkit::amqp::broker_url;
 use lapin::message::Delivery;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
@@ -19,20 +20,6 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Consumer};
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::SqlitePool;
-
-fn broker_url() -> Option<String> {
-    match std::env::var("HOOKLATCH_TEST_AMQP_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI must set HOOKLATCH_TEST_AMQP_URL"
-            );
-            println!("skipped: set HOOKLATCH_TEST_AMQP_URL");
-            None
-        }
-    }
-}
 
 async fn database(dir: &tempfile::TempDir) -> SqlitePool {
     let path = dir.path().join("app.db");

@@ -3,31 +3,10 @@
 //! `skipped: set HOOKLATCH_TEST_AMQP_URL` and pass — except under CI (`CI` set), where they
 //! fail. Each test declares its own exchange and queue and deletes them afterwards.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher, PublisherConfig};
-use lapin::message::BasicGetMessage;
-use lapin::options::{
-    BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
-    QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
-
-/// The broker URL, or `None` (after printing why) when the tests should skip.
-fn broker_url() -> Option<String> {
-    match std::env::var("HOOKLATCH_TEST_AMQP_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "HOOKLATCH_TEST_AMQP_URL must be set under CI (a RabbitMQ broker for the tests)"
-            );
-            eprintln!("skipped: set HOOKLATCH_TEST_AMQP_URL");
-            None
-        }
-    }
-}
+use hooklatch_testkit::amqp::{broker_url, header, TestBroker};
 
 /// Names unique to this process and call.
 fn unique(prefix: &str) -> String {
@@ -38,109 +17,6 @@ fn unique(prefix: &str) -> String {
         std::process::id(),
         N.fetch_add(1, Ordering::Relaxed)
     )
-}
-
-/// The test's own connection: declares, inspects and deletes.
-struct Admin {
-    connection: Connection,
-    channel: Channel,
-    exchanges: Vec<String>,
-    queues: Vec<String>,
-}
-
-impl Admin {
-    async fn connect(url: &str) -> Admin {
-        let connection = Connection::connect(url, ConnectionProperties::default())
-            .await
-            .expect("connecting to the test broker");
-        let channel = connection.create_channel().await.expect("a channel");
-        Admin {
-            connection,
-            channel,
-            exchanges: Vec::new(),
-            queues: Vec::new(),
-        }
-    }
-
-    /// A durable topic exchange with no binding.
-    async fn exchange(&mut self, name: &str) {
-        self.channel
-            .exchange_declare(
-                name,
-                ExchangeKind::Topic,
-                ExchangeDeclareOptions {
-                    durable: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("declaring an exchange");
-        self.exchanges.push(name.to_owned());
-    }
-
-    /// Remembers a name the publisher declares, for the clean-up.
-    fn owns(&mut self, exchange: &str, queue: &str) {
-        self.exchanges.push(exchange.to_owned());
-        self.queues.push(queue.to_owned());
-    }
-
-    /// The next message in `queue`, waiting up to 10 s.
-    async fn get(&self, queue: &str) -> BasicGetMessage {
-        let started = Instant::now();
-        loop {
-            let got = self
-                .channel
-                .basic_get(queue, BasicGetOptions::default())
-                .await
-                .expect("basic.get");
-            if let Some(msg) = got {
-                msg.delivery
-                    .acker
-                    .ack(BasicAckOptions::default())
-                    .await
-                    .expect("ack");
-                return msg;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "no message in {queue}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// How many messages wait in `queue` (a passive declare).
-    async fn depth(&self, queue: &str) -> u32 {
-        self.channel
-            .queue_declare(
-                queue,
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
-            .await
-            .expect("passive queue.declare")
-            .message_count()
-    }
-
-    async fn clean_up(self) {
-        for queue in &self.queues {
-            let _ = self
-                .channel
-                .queue_delete(queue, QueueDeleteOptions::default())
-                .await;
-        }
-        for exchange in &self.exchanges {
-            let _ = self
-                .channel
-                .exchange_delete(exchange, ExchangeDeleteOptions::default())
-                .await;
-        }
-        let _ = self.connection.close(200, "done").await;
-    }
 }
 
 fn message<'a>(key: &'a str, body: &'a [u8]) -> Message<'a> {
@@ -165,24 +41,10 @@ fn config(url: &str, exchange: &str, queue: Option<&str>) -> PublisherConfig {
     config
 }
 
-fn header(msg: &BasicGetMessage, name: &str) -> String {
-    let headers = msg
-        .delivery
-        .properties
-        .headers()
-        .clone()
-        .expect("the message has headers");
-    match headers.inner().get(name) {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        Some(AMQPValue::LongLongInt(n)) => n.to_string(),
-        other => panic!("header {name}: {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn a_publish_arrives_persistent_with_its_key_and_headers() {
     let Some(url) = broker_url() else { return };
-    let mut admin = Admin::connect(&url).await;
+    let mut admin = TestBroker::connect(&url).await;
     let (exchange, queue) = (unique("x"), unique("q"));
     admin.owns(&exchange, &queue);
     let mut cfg = config(&url, &exchange, Some(&queue));
@@ -225,7 +87,7 @@ async fn a_publish_arrives_persistent_with_its_key_and_headers() {
 #[tokio::test]
 async fn an_unroutable_publish_fails_and_without_mandatory_the_broker_confirms_it_anyway() {
     let Some(url) = broker_url() else { return };
-    let mut admin = Admin::connect(&url).await;
+    let mut admin = TestBroker::connect(&url).await;
     let exchange = unique("unbound");
     admin.exchange(&exchange).await;
 
@@ -258,7 +120,7 @@ async fn an_unroutable_publish_fails_and_without_mandatory_the_broker_confirms_i
 #[tokio::test]
 async fn a_broken_connection_is_replaced_on_the_next_publish() {
     let Some(url) = broker_url() else { return };
-    let mut admin = Admin::connect(&url).await;
+    let mut admin = TestBroker::connect(&url).await;
     let (exchange, queue) = (unique("x"), unique("q"));
     admin.owns(&exchange, &queue);
     let publisher = Publisher::new(config(&url, &exchange, Some(&queue)));

@@ -7,8 +7,12 @@
 //! - [`conformance`]: the backend conformance suite, [`conformance::store_suite`], which every
 //!   `Store` implementation runs (the SQLite store and [`MemoryStore`] included), and the
 //!   [`conformance::fixture`] builders its cases use.
+//! - `amqp` (feature `amqp`): a test's own RabbitMQ connection and the broker URL the tests
+//!   share.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
 pub mod conformance;
 mod memory;
 
