@@ -449,13 +449,7 @@ async fn commit_batch(
         };
         let ended = tokio::time::timeout(
             deadline,
-            run_batch(
-                &mut conn,
-                &batch,
-                kind.begin(savepoints),
-                savepoints,
-                &mut turn,
-            ),
+            run_batch(&mut conn, &batch, kind, savepoints, &mut turn),
         )
         .await;
         let ended = ended.unwrap_or_else(|_| Ended::Failed {
@@ -535,16 +529,16 @@ fn close(mut conn: PoolConnection<Postgres>) {
     drop(conn);
 }
 
-/// Runs the batch once: `begin` (`BEGIN`, and the first job's savepoint when `savepoints`),
+/// Runs the batch once: its lane's `BEGIN` (and the first job's savepoint when `savepoints`),
 /// each job (in a savepoint of its own when `savepoints`), `COMMIT`.
 async fn run_batch(
     conn: &mut PgConnection,
     batch: &[Job],
-    begin: &str,
+    kind: LaneKind,
     savepoints: bool,
     turn: &mut Option<OwnedSemaphorePermit>,
 ) -> Ended {
-    if let Err(err) = simple(conn, begin).await {
+    if let Err(err) = simple(conn, kind.begin(savepoints)).await {
         return broken(Vec::new(), err, conn).await;
     }
     // Without savepoints, the batch's attempts and one-event ingests run in statements they

@@ -596,15 +596,7 @@ async fn attempts_never_scan_the_deliveries_table() {
             .expect("attempt");
     }
 
-    let deadline = Instant::now() + BOUND;
-    let after = loop {
-        let now = table_counts(&db).await;
-        if now.attempts_inserted >= ids.len() as i64 {
-            break now;
-        }
-        assert!(Instant::now() < deadline, "no statistics arrived: {now:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let after = counted_when(&db, |c| c.attempts_inserted >= ids.len() as i64).await;
     assert_eq!(
         after.deliveries_seq_scans, before.deliveries_seq_scans,
         "an attempt scanned the deliveries table"
@@ -705,10 +697,15 @@ struct TableCounts {
 /// report their counts when idle, all tables at once, so any scan of the claims made with
 /// those requests is counted too.
 async fn counted(db: &TestDb, requests: i64) -> TableCounts {
+    counted_when(db, |c| c.requests_inserted >= requests).await
+}
+
+/// The counts once `arrived` holds of them (the sessions whose work it names have reported).
+async fn counted_when(db: &TestDb, arrived: impl Fn(&TableCounts) -> bool) -> TableCounts {
     let deadline = Instant::now() + BOUND;
     loop {
         let now = table_counts(db).await;
-        if now.requests_inserted >= requests {
+        if arrived(&now) {
             return now;
         }
         assert!(
