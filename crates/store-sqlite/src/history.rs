@@ -1,6 +1,5 @@
 //! History queries (requests, deliveries, attempts), counts, and the purge.
 
-use bytes::Bytes;
 use hooklatch_core::store::{
     AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, OutboxCounts, RequestDetail,
     RequestFilter, RequestSummary, StoreStats, Verdict,
@@ -11,11 +10,13 @@ use rusqlite::{params, params_from_iter, Connection, OptionalExtension, Row};
 
 use hooklatch_core::headers;
 
+use crate::body;
+
 /// Rows removed per purge transaction.
 pub(crate) const PURGE_BATCH: u64 = 1000;
 
 const SUMMARY_COLUMNS: &str =
-    "id, received_at, source, verdict, reason, status, keys, length(body)";
+    "id, received_at, source, verdict, reason, status, keys, COALESCE(body_length, length(body))";
 
 fn summary(r: &Row<'_>) -> rusqlite::Result<RequestSummary> {
     let verdict: String = r.get(3)?;
@@ -104,7 +105,8 @@ pub(crate) fn get_request(
     let detail = conn
         .query_row(
             &format!(
-                "SELECT {SUMMARY_COLUMNS}, method, path, peer, headers, body, body_truncated
+                "SELECT {SUMMARY_COLUMNS}, method, path, peer, headers, body, body_truncated,
+                    body_codec, body_length
                  FROM requests WHERE id = ?1"
             ),
             [id.0],
@@ -115,7 +117,7 @@ pub(crate) fn get_request(
                     path: r.get(9)?,
                     peer: r.get(10)?,
                     headers: headers::decode(&r.get::<_, Vec<u8>>(11)?),
-                    body: Bytes::from(r.get::<_, Vec<u8>>(12)?),
+                    body: body::decode(12, r.get(12)?, r.get(14)?, r.get(15)?)?,
                     body_truncated: r.get(13)?,
                     deliveries: Vec::new(),
                 })

@@ -12,12 +12,20 @@ use rusqlite::{params, Connection};
 
 use hooklatch_core::headers;
 
-pub(crate) fn ingest(conn: &Connection, ingest: &Ingest) -> rusqlite::Result<IngestOutcome> {
+use crate::body;
+
+/// `body` is the request's body as [`body::encode`] made it, before the job was queued.
+pub(crate) fn ingest(
+    conn: &Connection,
+    ingest: &Ingest,
+    body: &body::Stored,
+) -> rusqlite::Result<IngestOutcome> {
     let keys: Vec<&str> = ingest.events.iter().map(|e| e.key.as_str()).collect();
     let keys_json = serde_json::to_string(&keys).expect("a list of strings serializes");
     let request_id = insert_request(
         conn,
         &ingest.request,
+        body,
         Verdict::Accepted,
         None,
         200,
@@ -148,10 +156,12 @@ fn queue(
 pub(crate) fn record_rejection(
     conn: &Connection,
     rejected: &Rejected,
+    body: &body::Stored,
 ) -> rusqlite::Result<RequestId> {
     insert_request(
         conn,
         &rejected.request,
+        body,
         Verdict::Rejected,
         Some(&rejected.code),
         rejected.status,
@@ -162,10 +172,19 @@ pub(crate) fn record_rejection(
 pub(crate) fn record_import(
     conn: &Connection,
     request: &RequestRecord,
+    body: &body::Stored,
     keys: &[String],
 ) -> rusqlite::Result<RequestId> {
     let keys_json = serde_json::to_string(keys).expect("a list of strings serializes");
-    let id = insert_request(conn, request, Verdict::Imported, None, 202, &keys_json)?;
+    let id = insert_request(
+        conn,
+        request,
+        body,
+        Verdict::Imported,
+        None,
+        202,
+        &keys_json,
+    )?;
     for key in keys {
         conn.execute(
             "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
@@ -178,14 +197,16 @@ pub(crate) fn record_import(
 pub(crate) fn record_handshake(
     conn: &Connection,
     request: &RequestRecord,
+    body: &body::Stored,
     status: u16,
 ) -> rusqlite::Result<RequestId> {
-    insert_request(conn, request, Verdict::Handshake, None, status, "[]")
+    insert_request(conn, request, body, Verdict::Handshake, None, status, "[]")
 }
 
 fn insert_request(
     conn: &Connection,
     request: &RequestRecord,
+    body: &body::Stored,
     verdict: Verdict,
     reason: Option<&str>,
     status: u16,
@@ -193,8 +214,8 @@ fn insert_request(
 ) -> rusqlite::Result<RequestId> {
     conn.prepare_cached(
         "INSERT INTO requests (received_at, source, method, path, peer, headers, body,
-            body_truncated, verdict, reason, status, keys)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            body_codec, body_length, body_truncated, verdict, reason, status, keys)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
     )?
     .execute(params![
         request.received_at.0,
@@ -203,7 +224,9 @@ fn insert_request(
         request.path,
         request.peer,
         headers::encode(&request.headers),
-        &request.body[..],
+        &body.bytes[..],
+        body.codec,
+        body.length,
         request.body_truncated,
         verdict.as_str(),
         reason,

@@ -13,8 +13,10 @@
 //!
 //! Layout: [`schema`] creates and migrates tables; [`writer`] is the group-commit thread and
 //! `checkpoint` the thread that copies its WAL pages into the database file;
-//! `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`].
+//! `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`]; `body` compresses
+//! request bodies at rest.
 
+mod body;
 mod checkpoint;
 mod history;
 mod ingest;
@@ -211,12 +213,17 @@ pub(crate) fn map_err(err: rusqlite::Error) -> StoreError {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
-        self.writer.run(move |tx| ingest::ingest(tx, &ingest)).await
+        // Compressed here, on the caller's task: the writer thread is the serial part.
+        let body = body::encode(&ingest.request.body);
+        self.writer
+            .run(move |tx| ingest::ingest(tx, &ingest, &body))
+            .await
     }
 
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
+        let body = body::encode(&rejected.request.body);
         self.writer
-            .run(move |tx| ingest::record_rejection(tx, &rejected))
+            .run(move |tx| ingest::record_rejection(tx, &rejected, &body))
             .await
     }
 
@@ -225,8 +232,9 @@ impl Store for SqliteStore {
         request: RequestRecord,
         keys: Vec<String>,
     ) -> Result<RequestId, StoreError> {
+        let body = body::encode(&request.body);
         self.writer
-            .run(move |tx| ingest::record_import(tx, &request, &keys))
+            .run(move |tx| ingest::record_import(tx, &request, &body, &keys))
             .await
     }
 
@@ -235,8 +243,9 @@ impl Store for SqliteStore {
         request: RequestRecord,
         status: u16,
     ) -> Result<RequestId, StoreError> {
+        let body = body::encode(&request.body);
         self.writer
-            .run(move |tx| ingest::record_handshake(tx, &request, status))
+            .run(move |tx| ingest::record_handshake(tx, &request, &body, status))
             .await
     }
 

@@ -14,6 +14,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use hooklatch_core::headers;
 
+use crate::body;
+
 /// When a pending row can next be taken: its due time, or the end of its lease if later. The
 /// `deliveries_ready` index is on exactly this expression, and SQLite uses an expression index
 /// only where a statement spells the expression the same way, hence one spelling.
@@ -69,18 +71,22 @@ pub(crate) fn lease_due(
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut body_stmt =
-        conn.prepare_cached("SELECT method, path, headers, body FROM requests WHERE id = ?1")?;
+    let mut body_stmt = conn.prepare_cached(
+        "SELECT method, path, headers, body, body_codec, body_length FROM requests WHERE id = ?1",
+    )?;
     let mut leased = Vec::with_capacity(rows.len());
     for mut delivery in rows {
         let hdrs: Vec<u8>;
-        let body: Vec<u8>;
-        (delivery.method, delivery.path, hdrs, body) = body_stmt
-            .query_row([delivery.request_id.0], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        (delivery.method, delivery.path, hdrs, delivery.body) =
+            body_stmt.query_row([delivery.request_id.0], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    body::decode(3, r.get(3)?, r.get(4)?, r.get(5)?)?,
+                ))
             })?;
         delivery.headers = headers::decode(&hdrs);
-        delivery.body = Bytes::from(body);
         leased.push(delivery);
     }
     Ok(leased)

@@ -110,6 +110,12 @@ BEGIN
         SELECT old.key, old.request_id WHERE EXISTS (SELECT 1 FROM requests WHERE id = old.request_id);
 END;
 "#,
+    // 4: bodies compressed at rest (see `body`). Rows written before keep their bodies as they
+    // came: codec 0, and no stored length (it is `length(body)`).
+    r#"
+ALTER TABLE requests ADD COLUMN body_codec INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE requests ADD COLUMN body_length INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.
@@ -191,5 +197,30 @@ mod tests {
             )
             .expect("the row through the new index");
         assert_eq!(due, 5);
+    }
+
+    /// Rows written before bodies were compressed keep their bodies as they came, and their
+    /// lengths read as `length(body)`.
+    #[test]
+    fn a_version_3_request_keeps_its_body_as_it_came() {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        for sql in &MIGRATIONS[..3] {
+            conn.execute_batch(sql).expect("versions 1 to 3");
+        }
+        conn.pragma_update(None, "user_version", 3)
+            .expect("user_version");
+        conn.execute(
+            "INSERT INTO requests (received_at, source, method, path, headers, body, verdict, status)
+             VALUES (5, 's', 'POST', '/in/s', x'', x'7b7d', 'accepted', 200)",
+            [],
+        )
+        .expect("a request written by version 3");
+
+        migrate(&conn).expect("migrating");
+        let detail = crate::history::get_request(&conn, hooklatch_core::RequestId(1))
+            .expect("reading the request")
+            .expect("the request");
+        assert_eq!(&detail.body[..], b"{}");
+        assert_eq!(detail.summary.body_len, 2);
     }
 }

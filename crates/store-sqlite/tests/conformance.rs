@@ -91,6 +91,20 @@ async fn a_returned_ingest_is_in_the_file_not_just_in_the_store() {
     }
 }
 
+/// `len` bytes that compression cannot shrink (the store compresses bodies at rest), from a
+/// fixed xorshift sequence.
+fn incompressible(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
 /// A store capped at `max_page_count` pages: room for the schema and small requests only.
 fn open_capped(path: &Path) -> SqliteStore {
     let mut opts = SqliteOptions::new(path);
@@ -105,7 +119,7 @@ async fn a_full_store_refuses_an_ingest_whole() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("hooklatch.db");
     let store = open_capped(&path);
-    let big = vec![b'x'; 1 << 20];
+    let big = incompressible(1 << 20);
     let res = store.ingest(ingest("stripe", &["evt_1"], &big, T0)).await;
     assert!(matches!(res, Err(StoreError::Full)), "got {res:?}");
 
@@ -135,7 +149,7 @@ async fn a_full_ingest_in_a_group_commit_leaves_its_neighbors_whole() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("hooklatch.db");
     let store = Arc::new(open_capped(&path));
-    let big = vec![b'x'; 1 << 20];
+    let big = incompressible(1 << 20);
     // Concurrent ingests share group commits: some too big to fit, the rest small.
     let mut tasks = JoinSet::new();
     for i in 0..24 {
@@ -187,6 +201,75 @@ async fn a_full_ingest_in_a_group_commit_leaves_its_neighbors_whole() {
     }
 }
 
+/// A JSON body is compressed in the file and comes back byte-exact in history and to a
+/// delivery worker, with its length as received; a body compression cannot shrink is stored
+/// as it came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_are_compressed_in_the_file_and_come_back_byte_exact() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hooklatch.db");
+    let store = open(&path);
+    let lines: Vec<String> = (0..60)
+        .map(|i| format!(r#"{{"id":"il_{i:06}","object":"line_item","currency":"usd"}}"#))
+        .collect();
+    let json = format!(r#"{{"id":"evt_1","lines":[{}]}}"#, lines.join(","));
+    let noise = incompressible(3000);
+    let mut ids = Vec::new();
+    for (key, body) in [("evt_1", json.as_bytes()), ("evt_2", &noise[..])] {
+        let outcome = store
+            .ingest(ingest("stripe", &[key], body, T0))
+            .await
+            .expect("ingest");
+        ids.push(outcome.request_id);
+    }
+
+    let stored = |id: hooklatch_core::RequestId| {
+        let conn = rusqlite::Connection::open(&path).expect("opening the file directly");
+        conn.query_row(
+            "SELECT body_codec, length(body), body_length FROM requests WHERE id = ?1",
+            [id.0],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            },
+        )
+        .expect("the request row")
+    };
+    let (codec, on_disk, length) = stored(ids[0]);
+    assert_eq!((codec, length), (1, json.len() as i64));
+    assert!(
+        on_disk * 3 < length,
+        "{length} bytes of JSON take {on_disk} in the file"
+    );
+    assert_eq!(stored(ids[1]), (0, 3000, 3000));
+
+    for (id, body) in ids.iter().zip([json.as_bytes(), &noise[..]]) {
+        let detail = store
+            .get_request(*id)
+            .await
+            .expect("get_request")
+            .expect("the request");
+        assert_eq!(detail.body, body);
+        assert_eq!(detail.summary.body_len, body.len() as u64);
+    }
+    let leased = store
+        .lease_due("worker", at(1), std::time::Duration::from_secs(30), 100)
+        .await
+        .expect("lease");
+    assert_eq!(leased.len(), 2 * DESTINATIONS.len());
+    for delivery in &leased {
+        let want: &[u8] = if delivery.request_id == ids[0] {
+            json.as_bytes()
+        } else {
+            &noise
+        };
+        assert_eq!(delivery.body, want, "delivery {:?}", delivery.id);
+    }
+}
+
 /// Committed pages reach the database file while the gateway runs, copied by the background
 /// checkpointer: the writer's own threshold (1,000 WAL pages) is above what this writes
 /// (about 400 pages), so without that thread the file would keep its empty size until the
@@ -197,11 +280,11 @@ async fn committed_pages_reach_the_database_file_beside_the_writer() {
     let path = dir.path().join("hooklatch.db");
     let store = open(&path);
     let empty = std::fs::metadata(&path).expect("the database file").len();
-    let body = format!(r#"{{"id":"x","pad":"{}"}}"#, "p".repeat(4000));
+    let body = incompressible(4000);
     for i in 0..200 {
         let key = format!("evt_{i}");
         store
-            .ingest(ingest("stripe", &[key.as_str()], body.as_bytes(), at(i)))
+            .ingest(ingest("stripe", &[key.as_str()], &body, at(i)))
             .await
             .expect("ingest");
     }
