@@ -188,8 +188,9 @@ pub fn plan(opts: &BenchOptions) -> anyhow::Result<Plan> {
     Ok(Plan { events, order })
 }
 
-/// Pads a JSON object body with `"bench_padding":"xxx…"` to at least `size` bytes; other
-/// bodies (form-encoded) get `&bench_padding=xxx…`. Index `i` keeps bodies distinct.
+/// Pads a JSON object body with `"bench_padding":"…"` to at least `size` bytes; other bodies
+/// (form-encoded) get `&bench_padding=…`. Index `i` keeps bodies distinct, and [`filler`]
+/// makes the padding compress about as well as a provider's JSON does, not better.
 fn pad(body: &[u8], size: usize, i: u64) -> Vec<u8> {
     if body.len() >= size {
         return body.to_vec();
@@ -201,7 +202,7 @@ fn pad(body: &[u8], size: usize, i: u64) -> Vec<u8> {
         let fill = size.saturating_sub(head.len() + prefix.len() + 2);
         let mut out = head.to_vec();
         out.extend_from_slice(prefix.as_bytes());
-        out.extend(std::iter::repeat_n(b'x', fill));
+        out.extend(filler(i, fill));
         out.extend_from_slice(b"\"}");
         out
     } else {
@@ -209,9 +210,98 @@ fn pad(body: &[u8], size: usize, i: u64) -> Vec<u8> {
         let fill = size.saturating_sub(body.len() + prefix.len());
         let mut out = body.to_vec();
         out.extend_from_slice(prefix.as_bytes());
-        out.extend(std::iter::repeat_n(b'x', fill));
+        out.extend(filler(i, fill));
         out
     }
+}
+
+/// `len` bytes of text shaped like a webhook payload's fields: names from a small vocabulary,
+/// then an object id (random), an amount or a time (random digits) or a word from a short
+/// list, as a provider's JSON repeats its names and enums but not its ids. Deterministic in
+/// `seed`. Only `[A-Za-z0-9_.:-]`, so it needs no escaping in JSON nor in a form.
+///
+/// Repeated bytes would compress to almost nothing, and a store that compresses bodies would
+/// then look faster than it is with real payloads.
+fn filler(seed: u64, len: usize) -> Vec<u8> {
+    const NAMES: &[&str] = &[
+        "id",
+        "object",
+        "amount",
+        "amount_paid",
+        "currency",
+        "customer",
+        "description",
+        "invoice",
+        "line_item",
+        "period_start",
+        "period_end",
+        "price",
+        "product",
+        "quantity",
+        "subscription",
+        "unit_amount",
+        "livemode",
+        "proration",
+        "discountable",
+        "created",
+        "status",
+        "metadata",
+        "tax_rates",
+        "billing_reason",
+    ];
+    const WORDS: &[&str] = &[
+        "usd",
+        "eur",
+        "gbp",
+        "false",
+        "true",
+        "null",
+        "paid",
+        "open",
+        "recurring",
+        "licensed",
+        "per_unit",
+        "subscription_cycle",
+        "automatic",
+        "charge_automatically",
+        "exclusive",
+    ];
+    const PREFIXES: &[&str] = &[
+        "cus_", "in_", "il_", "price_", "prod_", "sub_", "ch_", "pi_",
+    ];
+    const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    // splitmix64: a fixed, well-mixed sequence from any seed.
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut out = Vec::with_capacity(len + 32);
+    while out.len() < len {
+        let r = next();
+        out.extend_from_slice(NAMES[(r % NAMES.len() as u64) as usize].as_bytes());
+        out.push(b':');
+        match (r >> 8) % 3 {
+            0 => {
+                out.extend_from_slice(
+                    PREFIXES[((r >> 16) % PREFIXES.len() as u64) as usize].as_bytes(),
+                );
+                let mut bits = next();
+                for _ in 0..10 {
+                    out.push(BASE62[(bits % 62) as usize]);
+                    bits /= 62;
+                }
+            }
+            1 => out.extend_from_slice(((r >> 16) % 10_000_000_000).to_string().as_bytes()),
+            _ => out.extend_from_slice(WORDS[((r >> 16) % WORDS.len() as u64) as usize].as_bytes()),
+        }
+        out.push(b'.');
+    }
+    out.truncate(len);
+    out
 }
 
 /// What came back, and how fast.
@@ -834,6 +924,23 @@ mod tests {
             serde_json::from_slice::<Value>(&ev.body).expect("json");
         }
         assert_eq!(duplicate_count(100, 0.5), 100);
+    }
+
+    #[test]
+    fn padding_compresses_like_a_payload_not_like_repeated_bytes() {
+        for size in [2048, 65536] {
+            let body = pad(b"{\"id\":\"evt_1\"}", size, 7);
+            assert_eq!(body.len(), size);
+            let compressed = lz4_flex::block::compress(&body).len();
+            // With lz4, a provider's pretty-printed JSON compresses to about 35–40 % of its
+            // size, compact JSON to about half; the padding must not compress better.
+            assert!(
+                compressed * 100 > size * 40,
+                "{size} bytes compress to {compressed}"
+            );
+        }
+        assert_ne!(filler(1, 64), filler(2, 64));
+        assert_eq!(filler(3, 64), filler(3, 64));
         assert_eq!(duplicate_count(100, 0.0), 0);
     }
 }
