@@ -83,8 +83,49 @@ pub(crate) fn decode(
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use proptest::prelude::*;
 
     use super::{decode, encode, LZ4, RAW};
+
+    proptest! {
+        /// Whatever the bytes, stored and read back they are the same bytes, and a stored
+        /// body is never larger than the body received.
+        #[test]
+        fn any_body_comes_back_as_it_came(
+            body in prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..5000),
+                // Runs of a few symbols: what lz4 does compress.
+                proptest::collection::vec(prop_oneof![Just(b'a'), Just(b'{'), Just(b'"')], 0..5000),
+            ]
+        ) {
+            let body = Bytes::from(body);
+            let stored = encode(&body);
+            prop_assert!(stored.bytes.len() <= body.len());
+            prop_assert_eq!(stored.length, body.len() as i64);
+            let back = decode(0, stored.bytes.to_vec(), stored.codec, Some(stored.length)).unwrap();
+            prop_assert_eq!(back, body);
+        }
+
+        /// A damaged compressed body (a file edited by hand, a bad disk) is read as an error
+        /// or as bytes of the stored length, never as a panic.
+        #[test]
+        fn a_damaged_compressed_body_never_panics(
+            at in any::<prop::sample::Index>(),
+            flip in 1u8..=255,
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let body = Bytes::from("{\"object\":\"line_item\",\"currency\":\"usd\"}".repeat(40));
+            let stored = encode(&body);
+            prop_assert_eq!(stored.codec, LZ4);
+            let mut damaged = stored.bytes.to_vec();
+            let i = at.index(damaged.len());
+            damaged[i] ^= flip;
+            damaged.truncate(cut.index(damaged.len()) + 1);
+            if let Ok(back) = decode(0, damaged, LZ4, Some(stored.length)) {
+                prop_assert_eq!(back.len(), body.len());
+            }
+        }
+    }
 
     #[test]
     fn json_is_compressed_and_comes_back_byte_exact() {
