@@ -1,4 +1,5 @@
-//! Background upkeep: purge expired claims and old history, refresh store gauges.
+//! Background upkeep: purge expired claims and old history, refresh store gauges, fold the
+//! metrics recorded since the last pass into their histograms.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,12 @@ use crate::config::StoreSettings;
 /// How often the outbox gauges are refreshed.
 const GAUGE_INTERVAL: Duration = Duration::from_secs(5);
 
+/// How often the samples recorded since the last pass are folded into the histograms. The
+/// exporter keeps every sample until then (one per request and more), and folding those of
+/// 20,000–30,000 requests took 8–9 ms of one core, measured. It runs on a blocking thread,
+/// not on one of the runtime's two workers, where every request that worker held waited.
+const UPKEEP_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often the claims gauge is refreshed: counting claims reads every claim held, which
 /// grows with the store (0.17 s warm, 5.9 s cold on ten million SQLite claims).
 const CLAIMS_GAUGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -22,17 +29,23 @@ pub(crate) async fn run(
     metrics: PrometheusHandle,
     cancel: CancellationToken,
 ) {
+    let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
     let mut gauges = tokio::time::interval(GAUGE_INTERVAL);
     let mut claims = tokio::time::interval(CLAIMS_GAUGE_INTERVAL);
     let mut purge = tokio::time::interval(settings.purge_interval);
-    for interval in [&mut gauges, &mut claims, &mut purge] {
+    for interval in [&mut upkeep, &mut gauges, &mut claims, &mut purge] {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     }
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return,
+            _ = upkeep.tick() => {
+                let metrics = metrics.clone();
+                if let Err(err) = tokio::task::spawn_blocking(move || metrics.run_upkeep()).await {
+                    tracing::warn!(%err, "metrics upkeep failed");
+                }
+            }
             _ = gauges.tick() => {
-                metrics.run_upkeep();
                 match store.outbox_counts().await {
                     Ok(counts) => {
                         metrics::gauge!("hooklatch_outbox_pending").set(counts.pending as f64);

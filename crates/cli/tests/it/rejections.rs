@@ -223,6 +223,14 @@ async fn the_same_key_with_a_different_body_is_held_as_a_conflict_and_not_forwar
             .any(|l| l.starts_with("hooklatch_conflicts_total{") && l.contains("source=\"stripe\"")),
         "no hooklatch_conflicts_total in /metrics:\n{metrics}"
     );
+    // Each answer's latency lands in the histogram of its verdict (the recorder's upkeep runs
+    // beside the runtime, on a blocking thread).
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "hooklatch_ack_seconds_count{verdict=\"conflict\"} 1"),
+        "no conflict in hooklatch_ack_seconds:\n{metrics}"
+    );
 
     // No outbox row for the conflict; a later event is delivered and the conflict still is not.
     assert_eq!(gw.deliveries_for(&key).await.len(), 1);
