@@ -180,6 +180,14 @@ fn discord_for(secret: &Secret) -> Discord {
 /// signature then never verifies, which is what sending with a wrong secret should do).
 const RFC8032_PUBLIC_KEY: &str = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a";
 
+/// A time in 2026 fixed by `key`, for the body of an event sent again under the same id.
+fn created_for(key: &str) -> Timestamp {
+    let digest = hooklatch_core::secret::sha256(key.as_bytes());
+    let spread = u64::from_be_bytes(digest[..8].try_into().expect("8 of 32 bytes"));
+    // 2026-01-01T00:00:00Z, plus up to a year.
+    Timestamp::from_secs(1_767_225_600 + (spread % (365 * 86_400)) as i64)
+}
+
 /// Builds a signed test event for sending to `url`. `id` defaults to a fresh provider-shaped id.
 pub fn build(
     provider: &str,
@@ -211,11 +219,15 @@ pub fn build(
             .join(", "),
     })?;
     let key = id.map(str::to_owned).unwrap_or_else(|| fresh_id(provider));
+    // An id sent again is a provider's retry, which carries the first delivery's body: with an
+    // id given, the body's own time comes from the id, so a second send is a duplicate, not a
+    // conflict. The signature's timestamp is `now` either way.
+    let created = id.map_or(now, created_for);
     let body = fixture
         .body
         .replace("{{id}}", &key)
-        .replace("{{created_rfc3339}}", &now.to_rfc3339())
-        .replace("{{created}}", &now.as_secs().to_string())
+        .replace("{{created_rfc3339}}", &created.to_rfc3339())
+        .replace("{{created}}", &created.as_secs().to_string())
         .into_bytes();
     let mut headers = vec![("content-type".to_owned(), fixture.content_type.to_owned())];
     headers.extend(adapter.sign(&SignRequest {
@@ -385,5 +397,21 @@ mod tests {
         assert!(String::from_utf8(event.body)
             .unwrap()
             .contains("\"id\": \"evt_fixed\""));
+    }
+
+    /// `send --id X` twice is a retry: the same body, whatever the clock says, for every test
+    /// event; without an id, each send is a new event.
+    #[test]
+    fn the_same_id_sent_later_has_the_same_body() {
+        let secret = Secret::from_text("s");
+        let at = |secs| Timestamp::from_secs(secs);
+        for (provider, name) in catalog() {
+            let send = |id, now| build(provider, Some(name), id, &secret, URL, now).unwrap();
+            let first = send(Some("evt_again"), at(1_800_000_000));
+            let again = send(Some("evt_again"), at(1_800_000_090));
+            assert_eq!(first.body, again.body, "{provider} {name}");
+            let other = send(Some("evt_other"), at(1_800_000_000));
+            assert_ne!(first.body, other.body, "{provider} {name}");
+        }
     }
 }
