@@ -501,7 +501,8 @@ struct BenchArgs {
     /// Time allowed for one request.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "30s")]
     timeout: Duration,
-    /// The gateway's process id: its resident memory (VmRSS, VmHWM) is sampled from /proc.
+    /// The gateway's process id: its resident memory (VmRSS, VmHWM) is sampled from /proc, and
+    /// its CPU time during the run is reported (per request, beside the whole machine's).
     #[arg(long)]
     pid: Option<u32>,
     /// First run the same load against a minimal in-process hyper server answering 200 (the
@@ -986,6 +987,7 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             let bar = progress_bar(total, args.json);
             let tick = bar.clone();
             bar.set_message("baseline");
+            let cpu = bench::CpuSpan::start(None);
             let report = bench::run(
                 plan.clone(),
                 &format!("http://{}", server.addr),
@@ -994,12 +996,15 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
                 std::sync::Arc::new(move || tick.inc(1)),
             )
             .await?;
+            let cpu = cpu.finish();
             bar.finish_and_clear();
             drop(server);
             if !args.json {
                 print_out(&report.render());
+                print_out(&cpu.render(report.sent));
             }
             doc["baseline"] = report.to_json();
+            doc["baseline"]["cpu"] = cpu.to_json(report.sent);
             baseline = Some(report);
         }
         let sink = match (args.sink_listen, args.sink) {
@@ -1018,6 +1023,7 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         let bar = progress_bar(total, args.json);
         bar.set_message("hooklatch");
         let tick = bar.clone();
+        let cpu = bench::CpuSpan::start(args.pid);
         let report = bench::run(
             plan.clone(),
             &opts.target,
@@ -1026,11 +1032,14 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             std::sync::Arc::new(move || tick.inc(1)),
         )
         .await?;
+        let cpu = cpu.finish();
         bar.finish_and_clear();
         if !args.json {
             print_out(&report.render());
+            print_out(&cpu.render(report.sent));
         }
         doc["hooklatch"] = report.to_json();
+        doc["hooklatch"]["cpu"] = cpu.to_json(report.sent);
         if let Some(base) = &baseline {
             let ratio = report.throughput() / base.throughput().max(1e-9);
             doc["ratio_to_ceiling"] = ratio.into();

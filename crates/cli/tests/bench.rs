@@ -132,4 +132,23 @@ url = "http://127.0.0.1:{sink}/sink"
 
     // The server's memory was sampled.
     assert!(doc["memory"]["vm_hwm_kib"].as_u64().unwrap() > 0, "{doc:#}");
+
+    // And its CPU time: 222 signed requests cost a debug build well over one 10 ms tick.
+    let cpu = &run["cpu"];
+    assert!(cpu["server_cpu_s"].as_f64().unwrap() > 0.0, "{doc:#}");
+    assert!(
+        cpu["server_cpu_us_per_request"].as_f64().unwrap() > 0.0,
+        "{doc:#}"
+    );
+    let busy = cpu["machine_busy_share"].as_f64().unwrap();
+    assert!(busy > 0.0 && busy <= 1.0, "{doc:#}");
+    assert!(cpu["cores"].as_u64().unwrap() >= 1, "{doc:#}");
+    // The ceiling runs inside the bench: only the machine is measured for it.
+    assert!(doc["baseline"]["cpu"]["server_cpu_s"].is_null(), "{doc:#}");
+    assert!(
+        doc["baseline"]["cpu"]["machine_busy_share"]
+            .as_f64()
+            .is_some(),
+        "{doc:#}"
+    );
 }

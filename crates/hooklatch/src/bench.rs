@@ -19,7 +19,9 @@
 //! HTTP ceiling of the machine, run with the same plan and the same client. [`Sink`] is a
 //! destination that records the first delivery of each `Idempotency-Key`, for delivery
 //! throughput and the time from ack to first delivery attempt. [`RssSampler`] reads a
-//! process's `VmRSS`/`VmHWM` from `/proc`.
+//! process's `VmRSS`/`VmHWM` from `/proc`, and [`CpuSpan`] the CPU time the server and the
+//! whole machine spent during a run: a ratio to the ceiling reads differently when the cores
+//! were saturated than when a third of them sat idle (a latency-bound server).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -870,9 +872,176 @@ impl Drop for RssSampler {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// CPU
+
+/// Clock ticks per second of the CPU times in `/proc` (`USER_HZ`: 100 on Linux's x86 and
+/// arm64 ABIs, whatever the kernel's own tick rate).
+const USER_HZ: f64 = 100.0;
+
+/// User plus system CPU time of a process, in clock ticks, from `/proc/{pid}/stat`.
+pub fn process_cpu_ticks(pid: u32) -> Option<u64> {
+    parse_process_ticks(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Fields 14 and 15 (`utime`, `stime`) of a `/proc/{pid}/stat` line. The command name (field
+/// 2) is in parentheses and may hold spaces and parentheses itself, so the fields are counted
+/// from the last `)`.
+fn parse_process_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Busy and total clock ticks of all CPUs together, from the `cpu` line of `/proc/stat`.
+/// Idle and I/O wait are not busy; steal (time the hypervisor gave to another guest) counts
+/// in the total, so a VM's stolen time shows as neither busy nor idle here.
+pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+    parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
+}
+
+fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
+    let line = stat.lines().find(|l| l.starts_with("cpu "))?;
+    // user nice system idle iowait irq softirq steal (guest time is already within user).
+    let ticks: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    if ticks.len() < 5 {
+        return None;
+    }
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks[3] + ticks[4];
+    Some((total - idle - ticks.get(7).copied().unwrap_or(0), total))
+}
+
+/// CPU time spent between [`CpuSpan::start`] and [`CpuSpan::finish`]: by the server process
+/// (when its pid is known) and by the whole machine.
+pub struct CpuSpan {
+    pid: Option<u32>,
+    server: Option<u64>,
+    machine: Option<(u64, u64)>,
+}
+
+/// What a [`CpuSpan`] measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuUse {
+    /// CPU seconds (user + system) of the server process; `None` without a pid.
+    pub server_seconds: Option<f64>,
+    /// Of the machine's CPU time in the span, the share that was busy (0–1).
+    pub machine_busy_share: Option<f64>,
+    /// CPUs the machine has.
+    pub cores: usize,
+}
+
+impl CpuSpan {
+    /// Starts measuring; `pid` is the server's process, if it runs on this machine.
+    pub fn start(pid: Option<u32>) -> CpuSpan {
+        CpuSpan {
+            pid,
+            server: pid.and_then(process_cpu_ticks),
+            machine: machine_cpu_ticks(),
+        }
+    }
+
+    /// What was spent since [`CpuSpan::start`].
+    pub fn finish(&self) -> CpuUse {
+        let server = match (self.server, self.pid.and_then(process_cpu_ticks)) {
+            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / USER_HZ),
+            _ => None,
+        };
+        let machine = match (self.machine, machine_cpu_ticks()) {
+            (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
+                Some(busy1.saturating_sub(busy0) as f64 / (total1 - total0) as f64)
+            }
+            _ => None,
+        };
+        CpuUse {
+            server_seconds: server,
+            machine_busy_share: machine,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
+}
+
+impl CpuUse {
+    /// The measurement as JSON; `requests` (those the span covered) gives the server's CPU
+    /// time per request.
+    pub fn to_json(&self, requests: u64) -> Value {
+        json!({
+            "server_cpu_s": self.server_seconds,
+            "server_cpu_us_per_request": self.per_request_us(requests),
+            "machine_busy_share": self.machine_busy_share,
+            "cores": self.cores,
+        })
+    }
+
+    fn per_request_us(&self, requests: u64) -> Option<f64> {
+        self.server_seconds
+            .filter(|_| requests > 0)
+            .map(|s| s * 1e6 / requests as f64)
+    }
+
+    /// One line for the text report.
+    pub fn render(&self, requests: u64) -> String {
+        let machine = self
+            .machine_busy_share
+            .map_or("machine: unknown".to_owned(), |b| {
+                format!("machine {:.0} % busy of {} CPUs", 100.0 * b, self.cores)
+            });
+        match (self.server_seconds, self.per_request_us(requests)) {
+            (Some(s), Some(us)) => {
+                format!("  cpu: {machine}; server {s:.2} s = {us:.0} µs per request\n")
+            }
+            _ => format!("  cpu: {machine}\n"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_s_cpu_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
+        let line = "4242 (tokio (x) w) S 1 4242 4242 0 -1 4194560 1523 0 0 0 \
+                    731 269 0 0 20 0 9 0 123456 1000000 2000 18446744073709551615";
+        assert_eq!(parse_process_ticks(line), Some(731 + 269));
+        assert_eq!(parse_process_ticks("4242 (short) S 1 2"), None);
+    }
+
+    #[test]
+    fn the_machine_s_busy_time_leaves_out_idle_io_wait_and_steal() {
+        let stat = "cpu  100 5 50 800 40 3 2 7 0 0\ncpu0 50 2 25 400 20 1 1 3 0 0\nintr 1\n";
+        // busy: user 100 + nice 5 + system 50 + irq 3 + softirq 2; total includes all eight.
+        assert_eq!(parse_machine_ticks(stat), Some((160, 1007)));
+        assert_eq!(parse_machine_ticks("intr 1\n"), None);
+    }
+
+    #[test]
+    fn a_span_counts_the_cpu_this_process_spends() {
+        let span = CpuSpan::start(Some(std::process::id()));
+        let until = Instant::now() + Duration::from_millis(120);
+        let mut x = 0u64;
+        while Instant::now() < until {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let used = span.finish();
+        let server = used.server_seconds.expect("this process's CPU time");
+        // 120 ms of spinning, counted in 10 ms ticks; the machine was busy for at least it.
+        assert!(server >= 0.05, "{used:?}");
+        let busy = used.machine_busy_share.expect("the machine's CPU time");
+        assert!(busy > 0.0 && busy <= 1.0, "{used:?}");
+        let json = used.to_json(100);
+        let per_request = json["server_cpu_us_per_request"]
+            .as_f64()
+            .expect("a number");
+        assert!((per_request - server * 1e4).abs() < 1e-6, "{json}");
+    }
 
     fn opts(events: u64, dups: f64, size: usize) -> BenchOptions {
         BenchOptions {
