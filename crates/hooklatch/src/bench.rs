@@ -920,22 +920,32 @@ fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
 }
 
 /// CPU time spent between [`CpuSpan::start`] and [`CpuSpan::finish`]: by the server process
-/// (when its pid is known) and by the whole machine.
+/// (when its pid is known), by this process (the load generator, and the ceiling and the
+/// delivery sink when they run), and by the whole machine.
 pub struct CpuSpan {
     pid: Option<u32>,
     server: Option<u64>,
+    bench: Option<u64>,
     machine: Option<(u64, u64)>,
 }
 
-/// What a [`CpuSpan`] measured.
+/// What a [`CpuSpan`] measured, in CPU seconds (user + system).
 #[derive(Debug, Clone, PartialEq)]
 pub struct CpuUse {
-    /// CPU seconds (user + system) of the server process; `None` without a pid.
+    /// The server process; `None` without a pid.
     pub server_seconds: Option<f64>,
+    /// This process: the load generator (and the ceiling or the sink, when they run).
+    pub bench_seconds: Option<f64>,
+    /// Every CPU of the machine, busy.
+    pub machine_busy_seconds: Option<f64>,
     /// Of the machine's CPU time in the span, the share that was busy (0–1).
     pub machine_busy_share: Option<f64>,
     /// CPUs the machine has.
     pub cores: usize,
+}
+
+fn ticks_since(before: Option<u64>, after: Option<u64>) -> Option<f64> {
+    Some(after?.saturating_sub(before?) as f64 / USER_HZ)
 }
 
 impl CpuSpan {
@@ -944,37 +954,52 @@ impl CpuSpan {
         CpuSpan {
             pid,
             server: pid.and_then(process_cpu_ticks),
+            bench: process_cpu_ticks(std::process::id()),
             machine: machine_cpu_ticks(),
         }
     }
 
     /// What was spent since [`CpuSpan::start`].
     pub fn finish(&self) -> CpuUse {
-        let server = match (self.server, self.pid.and_then(process_cpu_ticks)) {
-            (Some(before), Some(after)) => Some(after.saturating_sub(before) as f64 / USER_HZ),
-            _ => None,
-        };
+        let server = ticks_since(self.server, self.pid.and_then(process_cpu_ticks));
+        let bench = ticks_since(self.bench, process_cpu_ticks(std::process::id()));
         let machine = match (self.machine, machine_cpu_ticks()) {
             (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
-                Some(busy1.saturating_sub(busy0) as f64 / (total1 - total0) as f64)
+                let busy = busy1.saturating_sub(busy0);
+                Some((
+                    busy as f64 / USER_HZ,
+                    busy as f64 / (total1 - total0) as f64,
+                ))
             }
             _ => None,
         };
         CpuUse {
             server_seconds: server,
-            machine_busy_share: machine,
+            bench_seconds: bench,
+            machine_busy_seconds: machine.map(|m| m.0),
+            machine_busy_share: machine.map(|m| m.1),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
 }
 
 impl CpuUse {
+    /// The machine's busy time that was neither the server's nor this process's: a database
+    /// on the same machine, and anything else running.
+    pub fn other_seconds(&self) -> Option<f64> {
+        let rest =
+            self.machine_busy_seconds? - self.bench_seconds? - self.server_seconds.unwrap_or(0.0);
+        Some(rest.max(0.0))
+    }
+
     /// The measurement as JSON; `requests` (those the span covered) gives the server's CPU
     /// time per request.
     pub fn to_json(&self, requests: u64) -> Value {
         json!({
             "server_cpu_s": self.server_seconds,
             "server_cpu_us_per_request": self.per_request_us(requests),
+            "bench_cpu_s": self.bench_seconds,
+            "other_cpu_s": self.other_seconds(),
             "machine_busy_share": self.machine_busy_share,
             "cores": self.cores,
         })
@@ -988,17 +1013,21 @@ impl CpuUse {
 
     /// One line for the text report.
     pub fn render(&self, requests: u64) -> String {
-        let machine = self
+        let mut parts = vec![self
             .machine_busy_share
             .map_or("machine: unknown".to_owned(), |b| {
                 format!("machine {:.0} % busy of {} CPUs", 100.0 * b, self.cores)
-            });
-        match (self.server_seconds, self.per_request_us(requests)) {
-            (Some(s), Some(us)) => {
-                format!("  cpu: {machine}; server {s:.2} s = {us:.0} µs per request\n")
-            }
-            _ => format!("  cpu: {machine}\n"),
+            })];
+        if let (Some(s), Some(us)) = (self.server_seconds, self.per_request_us(requests)) {
+            parts.push(format!("server {s:.2} s = {us:.0} µs per request"));
         }
+        if let Some(b) = self.bench_seconds {
+            parts.push(format!("bench {b:.2} s"));
+        }
+        if let Some(o) = self.other_seconds() {
+            parts.push(format!("the rest {o:.2} s"));
+        }
+        format!("  cpu: {}\n", parts.join("; "))
     }
 }
 
@@ -1041,6 +1070,12 @@ mod tests {
             .as_f64()
             .expect("a number");
         assert!((per_request - server * 1e4).abs() < 1e-6, "{json}");
+        // The server here is this process, so it is counted twice: as the server and as
+        // the bench (read a moment apart: a tick may fall between). The rest is what the
+        // machine did beside them, never below zero.
+        let bench = used.bench_seconds.expect("this process's CPU time");
+        assert!((bench - server).abs() <= 0.02, "{used:?}");
+        assert!(used.other_seconds().expect("the rest") >= 0.0, "{used:?}");
     }
 
     fn opts(events: u64, dups: f64, size: usize) -> BenchOptions {
