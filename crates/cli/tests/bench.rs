@@ -142,6 +142,8 @@ url = "http://127.0.0.1:{sink}/sink"
     );
     let busy = cpu["machine_busy_share"].as_f64().unwrap();
     assert!(busy > 0.0 && busy <= 1.0, "{doc:#}");
+    let steal = cpu["machine_steal_share"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&steal), "{doc:#}");
     assert!(cpu["cores"].as_u64().unwrap() >= 1, "{doc:#}");
     assert!(cpu["bench_cpu_s"].as_f64().unwrap() > 0.0, "{doc:#}");
     assert!(cpu["other_cpu_s"].as_f64().unwrap() >= 0.0, "{doc:#}");

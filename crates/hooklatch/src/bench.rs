@@ -895,14 +895,26 @@ fn parse_process_ticks(stat: &str) -> Option<u64> {
     Some(utime + stime)
 }
 
-/// Busy and total clock ticks of all CPUs together, from the `cpu` line of `/proc/stat`.
-/// Idle and I/O wait are not busy; steal (time the hypervisor gave to another guest) counts
-/// in the total, so a VM's stolen time shows as neither busy nor idle here.
-pub fn machine_cpu_ticks() -> Option<(u64, u64)> {
+/// Busy, stolen and total clock ticks of all CPUs together, from the `cpu` line of
+/// `/proc/stat`. Idle and I/O wait are not busy; steal (time the hypervisor gave to another
+/// guest while this one wanted to run) is counted on its own, neither busy nor idle: on a VM
+/// it is what makes a run slow while the machine looks half idle.
+pub fn machine_cpu_ticks() -> Option<MachineTicks> {
     parse_machine_ticks(&std::fs::read_to_string("/proc/stat").ok()?)
 }
 
-fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
+/// See [`machine_cpu_ticks`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MachineTicks {
+    /// Neither idle, waiting on I/O, nor stolen.
+    pub busy: u64,
+    /// Given by the hypervisor to another guest.
+    pub steal: u64,
+    /// All of it.
+    pub total: u64,
+}
+
+fn parse_machine_ticks(stat: &str) -> Option<MachineTicks> {
     let line = stat.lines().find(|l| l.starts_with("cpu "))?;
     // user nice system idle iowait irq softirq steal (guest time is already within user).
     let ticks: Vec<u64> = line
@@ -916,7 +928,12 @@ fn parse_machine_ticks(stat: &str) -> Option<(u64, u64)> {
     }
     let total: u64 = ticks.iter().sum();
     let idle = ticks[3] + ticks[4];
-    Some((total - idle - ticks.get(7).copied().unwrap_or(0), total))
+    let steal = ticks.get(7).copied().unwrap_or(0);
+    Some(MachineTicks {
+        busy: total - idle - steal,
+        steal,
+        total,
+    })
 }
 
 /// CPU time spent between [`CpuSpan::start`] and [`CpuSpan::finish`]: by the server process
@@ -926,7 +943,7 @@ pub struct CpuSpan {
     pid: Option<u32>,
     server: Option<u64>,
     bench: Option<u64>,
-    machine: Option<(u64, u64)>,
+    machine: Option<MachineTicks>,
 }
 
 /// What a [`CpuSpan`] measured, in CPU seconds (user + system).
@@ -940,6 +957,8 @@ pub struct CpuUse {
     pub machine_busy_seconds: Option<f64>,
     /// Of the machine's CPU time in the span, the share that was busy (0–1).
     pub machine_busy_share: Option<f64>,
+    /// Of the machine's CPU time in the span, the share the hypervisor gave to others (0–1).
+    pub machine_steal_share: Option<f64>,
     /// CPUs the machine has.
     pub cores: usize,
 }
@@ -964,12 +983,11 @@ impl CpuSpan {
         let server = ticks_since(self.server, self.pid.and_then(process_cpu_ticks));
         let bench = ticks_since(self.bench, process_cpu_ticks(std::process::id()));
         let machine = match (self.machine, machine_cpu_ticks()) {
-            (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
-                let busy = busy1.saturating_sub(busy0);
-                Some((
-                    busy as f64 / USER_HZ,
-                    busy as f64 / (total1 - total0) as f64,
-                ))
+            (Some(before), Some(after)) if after.total > before.total => {
+                let busy = after.busy.saturating_sub(before.busy) as f64;
+                let steal = after.steal.saturating_sub(before.steal) as f64;
+                let total = (after.total - before.total) as f64;
+                Some((busy / USER_HZ, busy / total, steal / total))
             }
             _ => None,
         };
@@ -978,6 +996,7 @@ impl CpuSpan {
             bench_seconds: bench,
             machine_busy_seconds: machine.map(|m| m.0),
             machine_busy_share: machine.map(|m| m.1),
+            machine_steal_share: machine.map(|m| m.2),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
     }
@@ -1001,6 +1020,7 @@ impl CpuUse {
             "bench_cpu_s": self.bench_seconds,
             "other_cpu_s": self.other_seconds(),
             "machine_busy_share": self.machine_busy_share,
+            "machine_steal_share": self.machine_steal_share,
             "cores": self.cores,
         })
     }
@@ -1013,11 +1033,15 @@ impl CpuUse {
 
     /// One line for the text report.
     pub fn render(&self, requests: u64) -> String {
-        let mut parts = vec![self
-            .machine_busy_share
-            .map_or("machine: unknown".to_owned(), |b| {
-                format!("machine {:.0} % busy of {} CPUs", 100.0 * b, self.cores)
-            })];
+        let mut parts = vec![match (self.machine_busy_share, self.machine_steal_share) {
+            (Some(b), Some(st)) => format!(
+                "machine {:.0} % busy of {} CPUs, {:.0} % stolen",
+                100.0 * b,
+                self.cores,
+                100.0 * st
+            ),
+            _ => "machine: unknown".to_owned(),
+        }];
         if let (Some(s), Some(us)) = (self.server_seconds, self.per_request_us(requests)) {
             parts.push(format!("server {s:.2} s = {us:.0} µs per request"));
         }
@@ -1047,7 +1071,15 @@ mod tests {
     fn the_machine_s_busy_time_leaves_out_idle_io_wait_and_steal() {
         let stat = "cpu  100 5 50 800 40 3 2 7 0 0\ncpu0 50 2 25 400 20 1 1 3 0 0\nintr 1\n";
         // busy: user 100 + nice 5 + system 50 + irq 3 + softirq 2; total includes all eight.
-        assert_eq!(parse_machine_ticks(stat), Some((160, 1007)));
+        let ticks = parse_machine_ticks(stat).expect("the cpu line");
+        assert_eq!(
+            ticks,
+            MachineTicks {
+                busy: 160,
+                steal: 7,
+                total: 1007
+            }
+        );
         assert_eq!(parse_machine_ticks("intr 1\n"), None);
     }
 
@@ -1065,6 +1097,11 @@ mod tests {
         assert!(server >= 0.05, "{used:?}");
         let busy = used.machine_busy_share.expect("the machine's CPU time");
         assert!(busy > 0.0 && busy <= 1.0, "{used:?}");
+        let steal = used.machine_steal_share.expect("the machine's stolen time");
+        assert!(
+            (0.0..=1.0).contains(&steal) && busy + steal <= 1.0,
+            "{used:?}"
+        );
         let json = used.to_json(100);
         let per_request = json["server_cpu_us_per_request"]
             .as_f64()
