@@ -69,9 +69,7 @@ pub(crate) const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 #[derive(Default)]
 struct Flags {
-    /// A commit happened since the last checkpoint started.
-    dirty: bool,
-    /// Commits since the last checkpoint started.
+    /// Commits since the last checkpoint started (any: the thread has work).
     commits: u64,
     /// The writer has stopped; the thread runs a last checkpoint and ends.
     closed: bool,
@@ -99,8 +97,7 @@ impl Checkpointer {
         let (lock, wake) = &*self.flags;
         let mut flags = lock.lock().unwrap_or_else(|e| e.into_inner());
         flags.commits += 1;
-        if !flags.dirty {
-            flags.dirty = true;
+        if flags.commits == 1 {
             wake.notify_one();
         }
     }
@@ -121,21 +118,16 @@ fn run(conn: &Connection, flags: &(Mutex<Flags>, Condvar)) {
     loop {
         let (closed, commits) = {
             let mut f = lock.lock().unwrap_or_else(|e| e.into_inner());
-            while !f.dirty && !f.closed {
+            while f.commits == 0 && !f.closed {
                 f = wake.wait(f).unwrap_or_else(|e| e.into_inner());
             }
-            f.dirty = false;
             (f.closed, std::mem::take(&mut f.commits))
         };
         let pass = checkpoint(conn, wal.as_deref());
         if closed {
             return;
         }
-        let appended = pass
-            .filter(|p| p.log > 0)
-            .map(|p| p.appended_since(pace.last));
-        let busy = pace.go_on(Instant::now(), pass);
-        let rest = rest_after(busy, appended, commits);
+        let rest = pace.rest(Instant::now(), pass, commits);
         if rest.is_zero() {
             continue;
         }
@@ -180,6 +172,8 @@ struct Pace {
     appended: i64,
     busy: bool,
     last: Option<Pass>,
+    /// Pages the last pass found appended since the one before (`None`: it could not tell).
+    last_appended: Option<i64>,
 }
 
 impl Pace {
@@ -189,14 +183,24 @@ impl Pace {
             appended: 0,
             busy: false,
             last: None,
+            last_appended: None,
         }
     }
 
+    /// After a pass that covered `commits` commits: how long to rest ([`rest_after`]).
+    fn rest(&mut self, now: Instant, pass: Option<Pass>, commits: u64) -> Duration {
+        let busy = self.go_on(now, pass);
+        rest_after(busy, self.last_appended, commits)
+    }
+
     fn go_on(&mut self, now: Instant, pass: Option<Pass>) -> bool {
+        self.last_appended = None;
         let Some(pass) = pass.filter(|p| p.log > 0) else {
             return true;
         };
-        self.appended += pass.appended_since(self.last);
+        let appended = pass.appended_since(self.last);
+        self.last_appended = Some(appended);
+        self.appended += appended;
         self.last = Some(pass);
         if now.duration_since(self.window_start) >= CHECKPOINT_PAUSE {
             self.busy = self.appended >= 2 * i64::from(WRITER_AUTOCHECKPOINT);
@@ -353,6 +357,27 @@ mod tests {
         );
         // The load falls: a window with little committed rests.
         assert!(!pace.go_on(at(1_290), pass(60, 12)));
+    }
+
+    #[test]
+    fn the_rest_follows_the_pages_each_pass_found_per_commit() {
+        use super::{BUSY_PAUSE, CHECKPOINT_PAUSE};
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut pace = Pace::new(t0);
+        assert_eq!(pace.rest(at(1), pass(10, 1), 1), CHECKPOINT_PAUSE);
+        // A fast window: 4 restarts at the writer's threshold and 600 more, 4,600 pages from
+        // 200 commits.
+        assert_eq!(
+            pace.rest(at(260), pass(600, 6), 200),
+            BUSY_PAUSE,
+            "small commits"
+        );
+        // 700 − 600 = 100 pages from one commit: a group commit; then 300 from 20 commits.
+        assert_eq!(pace.rest(at(270), pass(700, 6), 1), Duration::ZERO);
+        assert_eq!(pace.rest(at(280), pass(1_000, 6), 20), BUSY_PAUSE);
+        // A pass that could not run: nothing known of the commits' size.
+        assert_eq!(pace.rest(at(290), None, 5), Duration::ZERO);
     }
 
     #[test]
