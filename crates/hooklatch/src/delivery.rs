@@ -112,6 +112,7 @@ impl Worker {
             }
             let free = this.concurrency.saturating_sub(in_flight.len());
             let mut leased_all = false;
+            let mut lease_failed = false;
             if free > 0 {
                 // Up to two rows per free task: the second is the task's next, ready while
                 // the first one's attempt is recorded.
@@ -130,7 +131,10 @@ impl Worker {
                             in_flight.spawn(async move { this.work(first, next, cancel).await });
                         }
                     }
-                    Err(err) => tracing::warn!(%err, "could not lease deliveries"),
+                    Err(err) => {
+                        tracing::warn!(%err, "could not lease deliveries");
+                        lease_failed = true;
+                    }
                 }
             }
             if leased_all && in_flight.len() < this.concurrency {
@@ -138,7 +142,11 @@ impl Worker {
             }
             // With every task busy there is nothing to lease until one finishes (and a busy
             // task leases its own next delivery): no need to ask the store when work is due.
-            let sleep = this.time_to_next_due(leased_all || free == 0).await;
+            // After a failed lease (a full store, a lost connection) the due rows are still due:
+            // the next try waits the poll interval instead of following at once.
+            let sleep = this
+                .time_to_next_due(leased_all || free == 0 || lease_failed)
+                .await;
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 _ = this.enqueued.notified() => {}
@@ -472,6 +480,9 @@ mod tests {
         inner: MemoryStore,
         commits: Semaphore,
         recording: AtomicUsize,
+        /// Every lease fails as a full store would, when set.
+        full: bool,
+        leases: AtomicUsize,
     }
 
     #[async_trait::async_trait]
@@ -503,6 +514,10 @@ mod tests {
             lease: Duration,
             limit: u32,
         ) -> Result<Vec<LeasedDelivery>, StoreError> {
+            self.leases.fetch_add(1, Ordering::SeqCst);
+            if self.full {
+                return Err(StoreError::Full);
+            }
             self.inner.lease_due(owner, now, lease, limit).await
         }
         async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
@@ -579,6 +594,75 @@ mod tests {
         panic!("timed out waiting until {what}");
     }
 
+    /// A [`SlowCommits`] holding one due event per key for the destination `app`.
+    async fn slow_commits(full: bool, keys: &[&str]) -> SlowCommits {
+        let store = SlowCommits {
+            inner: MemoryStore::default(),
+            commits: Semaphore::new(0),
+            recording: AtomicUsize::new(0),
+            full,
+            leases: AtomicUsize::new(0),
+        };
+        for key in keys {
+            let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
+            ingest.destinations = vec!["app".to_owned()];
+            // The fixture's headers include bytes no HTTP request may carry.
+            ingest.request.headers =
+                vec![("content-type".to_owned(), b"application/json".to_vec())];
+            store.ingest(ingest).await.unwrap();
+        }
+        store
+    }
+
+    /// A worker delivering to `url` as the destination `app`.
+    fn worker(store: Arc<SlowCommits>, url: &str, concurrency: usize, poll: Duration) -> Worker {
+        let destination = Destination {
+            name: "app".to_owned(),
+            kind: DestinationKind::Http {
+                url: url.parse().unwrap(),
+                secret: None,
+            },
+            timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+        };
+        Worker {
+            store,
+            destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
+            publishers: HashMap::new(),
+            providers: HashMap::new(),
+            client: Worker::client().unwrap(),
+            owner: "test-worker".to_owned(),
+            concurrency,
+            poll_interval: poll,
+            lease: Duration::from_secs(60),
+            enqueued: Arc::new(Notify::new()),
+        }
+    }
+
+    /// A lease that fails (a full store) is tried again after the poll interval, not at once:
+    /// the worker used to ask the store again straight away, thousands of times a second.
+    #[tokio::test]
+    async fn a_failed_lease_waits_the_poll_interval_before_the_next_try() {
+        let store = Arc::new(slow_commits(true, &["evt_1"]).await);
+        let worker = worker(
+            store.clone(),
+            "http://127.0.0.1:9/unused",
+            4,
+            Duration::from_millis(100),
+        );
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(1)));
+        tokio::time::sleep(Duration::from_millis(550)).await;
+        cancel.cancel();
+        running.await.unwrap();
+        // One try at start and one per 100 ms poll: about six in 550 ms, never hundreds.
+        let leases = store.leases.load(Ordering::SeqCst);
+        assert!(
+            (1..=12).contains(&leases),
+            "{leases} lease attempts in 550 ms"
+        );
+    }
+
     #[tokio::test]
     async fn a_busy_task_attempts_its_next_delivery_while_the_last_attempt_commits() {
         // A sink that counts what it is sent.
@@ -599,41 +683,9 @@ mod tests {
         tokio::spawn(async move { axum::serve(listener, app).await });
 
         // Three events for one destination, due now.
-        let store = Arc::new(SlowCommits {
-            inner: MemoryStore::default(),
-            commits: Semaphore::new(0),
-            recording: AtomicUsize::new(0),
-        });
-        for key in ["evt_1", "evt_2", "evt_3"] {
-            let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
-            ingest.destinations = vec!["app".to_owned()];
-            // The fixture's headers include bytes no HTTP request may carry.
-            ingest.request.headers =
-                vec![("content-type".to_owned(), b"application/json".to_vec())];
-            store.ingest(ingest).await.unwrap();
-        }
-        let destination = Destination {
-            name: "app".to_owned(),
-            kind: DestinationKind::Http {
-                url: url.parse().unwrap(),
-                secret: None,
-            },
-            timeout: Duration::from_secs(5),
-            retry: RetryPolicy::default(),
-        };
+        let store = Arc::new(slow_commits(false, &["evt_1", "evt_2", "evt_3"]).await);
         // One task: whatever overlaps is the task's own pipelining.
-        let worker = Worker {
-            store: store.clone(),
-            destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
-            publishers: HashMap::new(),
-            providers: HashMap::new(),
-            client: Worker::client().unwrap(),
-            owner: "test-worker".to_owned(),
-            concurrency: 1,
-            poll_interval: Duration::from_secs(60),
-            lease: Duration::from_secs(60),
-            enqueued: Arc::new(Notify::new()),
-        };
+        let worker = worker(store.clone(), &url, 1, Duration::from_secs(60));
         let cancel = CancellationToken::new();
         let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
 

@@ -45,7 +45,9 @@ pub struct SqliteOptions {
     /// The database file (created if missing).
     pub path: PathBuf,
     /// Cap on the file's size in pages (`PRAGMA max_page_count`); beyond it writes fail as
-    /// "full" and the gateway answers 503. `None` = SQLite's default (effectively unbounded).
+    /// "full" and the gateway answers 503. The last eighth of it (at most 256 pages) is kept for
+    /// delivering what was accepted: new requests are refused there, leases and attempts are
+    /// not. `None` = SQLite's default (effectively unbounded).
     pub max_page_count: Option<u64>,
     /// Most jobs committed in one group commit.
     pub max_batch: usize,
@@ -98,6 +100,47 @@ impl SqliteOptions {
 pub struct SqliteStore {
     writer: Writer,
     readers: Arc<ReaderPool>,
+    cap: Option<PageCap>,
+}
+
+/// The file's size cap, and the lower one new requests stop at: the pages between them are
+/// kept for the leases and attempts that deliver what was already accepted (a full store that
+/// could not record a lease would hold accepted events undelivered until space came back).
+#[derive(Clone, Copy, Debug)]
+struct PageCap {
+    all: u64,
+    ingest: u64,
+}
+
+impl PageCap {
+    fn new(all: u64) -> PageCap {
+        PageCap {
+            all,
+            ingest: all - (all / 8).min(256),
+        }
+    }
+}
+
+/// Which of the cap's two limits a write runs under.
+#[derive(Clone, Copy)]
+enum Room {
+    /// New requests, new deliveries: stop short of the reserve.
+    Ingest,
+    /// Delivering what is there, or removing: the whole file.
+    All,
+}
+
+/// Sets the writer's page limit for the job that follows (inside its transaction). SQLite
+/// keeps a limit below the file's current size at that size.
+fn set_room(conn: &Connection, cap: Option<PageCap>, room: Room) -> rusqlite::Result<()> {
+    if let Some(cap) = cap {
+        let pages = match room {
+            Room::Ingest => cap.ingest,
+            Room::All => cap.all,
+        };
+        conn.pragma_update(None, "max_page_count", pages)?;
+    }
+    Ok(())
 }
 
 struct ReaderPool {
@@ -115,10 +158,8 @@ impl SqliteStore {
             })?;
         }
         let conn = open_connection(&opts.path, false)?;
-        if let Some(pages) = opts.max_page_count {
-            conn.pragma_update(None, "max_page_count", pages)
-                .map_err(map_err)?;
-        }
+        let cap = opts.max_page_count.map(PageCap::new);
+        set_room(&conn, cap, Room::All).map_err(map_err)?;
         schema::migrate(&conn).map_err(map_err)?;
         checkpoint::configure_writer(&conn).map_err(map_err)?;
         let checkpointer = Checkpointer::start(open_connection(&opts.path, false)?)?;
@@ -131,7 +172,26 @@ impl SqliteStore {
             let conn = open_connection(&opts.path, true)?;
             readers.idle.lock().expect("reader pool lock").push(conn);
         }
-        Ok(SqliteStore { writer, readers })
+        Ok(SqliteStore {
+            writer,
+            readers,
+            cap,
+        })
+    }
+
+    /// Runs `f` in the writer's next group commit, under the page limit of `room`.
+    async fn write<R: Send + 'static>(
+        &self,
+        room: Room,
+        f: impl Fn(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let cap = self.cap;
+        self.writer
+            .run(move |tx| {
+                set_room(tx, cap, room)?;
+                f(tx)
+            })
+            .await
     }
 
     /// Runs `f` on a read connection, off the async runtime.
@@ -215,16 +275,16 @@ impl Store for SqliteStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
         // Compressed here, on the caller's task: the writer thread is the serial part.
         let body = body::encode(&ingest.request.body);
-        self.writer
-            .run(move |tx| ingest::ingest(tx, &ingest, &body))
+        self.write(Room::Ingest, move |tx| ingest::ingest(tx, &ingest, &body))
             .await
     }
 
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
         let body = body::encode(&rejected.request.body);
-        self.writer
-            .run(move |tx| ingest::record_rejection(tx, &rejected, &body))
-            .await
+        self.write(Room::Ingest, move |tx| {
+            ingest::record_rejection(tx, &rejected, &body)
+        })
+        .await
     }
 
     async fn record_import(
@@ -233,9 +293,10 @@ impl Store for SqliteStore {
         keys: Vec<String>,
     ) -> Result<RequestId, StoreError> {
         let body = body::encode(&request.body);
-        self.writer
-            .run(move |tx| ingest::record_import(tx, &request, &body, &keys))
-            .await
+        self.write(Room::Ingest, move |tx| {
+            ingest::record_import(tx, &request, &body, &keys)
+        })
+        .await
     }
 
     async fn record_handshake(
@@ -244,9 +305,10 @@ impl Store for SqliteStore {
         status: u16,
     ) -> Result<RequestId, StoreError> {
         let body = body::encode(&request.body);
-        self.writer
-            .run(move |tx| ingest::record_handshake(tx, &request, &body, status))
-            .await
+        self.write(Room::Ingest, move |tx| {
+            ingest::record_handshake(tx, &request, &body, status)
+        })
+        .await
     }
 
     async fn lease_due(
@@ -257,14 +319,14 @@ impl Store for SqliteStore {
         limit: u32,
     ) -> Result<Vec<LeasedDelivery>, StoreError> {
         let owner = owner.to_owned();
-        self.writer
-            .run(move |tx| outbox::lease_due(tx, &owner, now, lease, limit))
-            .await
+        self.write(Room::All, move |tx| {
+            outbox::lease_due(tx, &owner, now, lease, limit)
+        })
+        .await
     }
 
     async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
-        self.writer
-            .run(move |tx| outbox::record_attempt(tx, &result))
+        self.write(Room::All, move |tx| outbox::record_attempt(tx, &result))
             .await
     }
 
@@ -274,18 +336,16 @@ impl Store for SqliteStore {
         now: Timestamp,
         lease: Duration,
     ) -> Result<Option<LeasedDelivery>, StoreError> {
-        self.writer
-            .run(move |tx| {
-                outbox::record_attempt(tx, &result)?;
-                Ok(outbox::lease_due(tx, &result.owner, now, lease, 1)?.pop())
-            })
-            .await
+        self.write(Room::All, move |tx| {
+            outbox::record_attempt(tx, &result)?;
+            Ok(outbox::lease_due(tx, &result.owner, now, lease, 1)?.pop())
+        })
+        .await
     }
 
     async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
         let owner = owner.to_owned();
-        self.writer
-            .run(move |tx| outbox::release_leases(tx, &owner))
+        self.write(Room::All, move |tx| outbox::release_leases(tx, &owner))
             .await
     }
 
@@ -313,8 +373,7 @@ impl Store for SqliteStore {
     }
 
     async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
-        self.writer
-            .run(move |tx| outbox::redrive(tx, id, now))
+        self.write(Room::Ingest, move |tx| outbox::redrive(tx, id, now))
             .await
     }
 
@@ -324,9 +383,10 @@ impl Store for SqliteStore {
         destinations: Vec<String>,
         now: Timestamp,
     ) -> Result<Redelivery, StoreError> {
-        self.writer
-            .run(move |tx| outbox::redeliver(tx, request, &destinations, now))
-            .await
+        self.write(Room::Ingest, move |tx| {
+            outbox::redeliver(tx, request, &destinations, now)
+        })
+        .await
     }
 
     async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError> {
@@ -334,8 +394,9 @@ impl Store for SqliteStore {
         let mut total = Purged::default();
         loop {
             let n = self
-                .writer
-                .run(move |tx| history::purge_claims(tx, now, history::PURGE_BATCH))
+                .write(Room::All, move |tx| {
+                    history::purge_claims(tx, now, history::PURGE_BATCH)
+                })
                 .await?;
             total.claims += n;
             if n < history::PURGE_BATCH {
@@ -344,8 +405,9 @@ impl Store for SqliteStore {
         }
         loop {
             let n = self
-                .writer
-                .run(move |tx| history::purge_requests(tx, history_before, history::PURGE_BATCH))
+                .write(Room::All, move |tx| {
+                    history::purge_requests(tx, history_before, history::PURGE_BATCH)
+                })
                 .await?;
             total.requests += n;
             if n < history::PURGE_BATCH {

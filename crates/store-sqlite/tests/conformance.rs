@@ -6,10 +6,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use hooklatch_core::store::AttemptNext;
 use hooklatch_core::{Claim, Store, StoreError};
 use hooklatch_store_sqlite::{SqliteOptions, SqliteStore};
 use hooklatch_testkit::conformance::fixture::{
-    all_deliveries, all_requests, at, idempotency_key, ingest, DESTINATIONS, T0,
+    all_deliveries, all_requests, at, attempt, idempotency_key, ingest, ALL, DESTINATIONS, T0,
+    WORKER,
 };
 use hooklatch_testkit::conformance::store_suite;
 use tokio::task::JoinSet;
@@ -137,6 +139,63 @@ async fn a_full_store_refuses_an_ingest_whole() {
         "the refused ingest claimed nothing, got {:?}",
         retried.claims[0].1
     );
+}
+
+/// A store filled to its cap by new requests still delivers what it accepted: the last pages
+/// are kept for leases and attempts. Without the reserve, the attempts below ran out of pages
+/// with every accepted event still waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_full_of_requests_still_leases_and_records_attempts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hooklatch.db");
+    let store = open_capped(&path);
+    let body = incompressible(3 * 1024);
+    let mut accepted = 0;
+    for i in 0.. {
+        let key = format!("evt_{i}");
+        match store
+            .ingest(ingest("stripe", &[key.as_str()], &body, T0))
+            .await
+        {
+            Ok(_) => accepted += 1,
+            Err(StoreError::Full) => break,
+            Err(err) => panic!("{key}: {err}"),
+        }
+    }
+    assert!(accepted > 0, "the store had room for some requests");
+    let lease = std::time::Duration::from_secs(60);
+    // Every delivery fails and is retried, round after round: an attempt row each time.
+    for round in 0..5 {
+        let now = at(10 + round);
+        let leased = store
+            .lease_due(WORKER, now, lease, ALL)
+            .await
+            .unwrap_or_else(|err| panic!("round {round}: leasing on a full store: {err}"));
+        assert_eq!(
+            leased.len(),
+            2 * accepted,
+            "round {round}: every delivery is due"
+        );
+        for d in leased {
+            store
+                .record_attempt(attempt(
+                    d.id,
+                    now,
+                    Some(500),
+                    Some("HTTP 500"),
+                    AttemptNext::RetryAt(now),
+                ))
+                .await
+                .unwrap_or_else(|err| panic!("round {round}: recording an attempt: {err}"));
+        }
+    }
+    let attempts = count(&path, "SELECT count(*) FROM attempts");
+    assert_eq!(attempts, 10 * accepted as i64);
+    // New requests are still refused.
+    let res = store
+        .ingest(ingest("stripe", &["evt_late"], &body, at(100)))
+        .await;
+    assert!(matches!(res, Err(StoreError::Full)), "got {res:?}");
 }
 
 /// A full database makes SQLite roll back the whole group-commit transaction, not just the
