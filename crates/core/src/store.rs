@@ -125,6 +125,60 @@ pub struct Ingest {
     /// Who decides whether each event is new: the store's claims (the default) or an external
     /// key store that already did.
     pub keys: KeyDecision,
+    /// When set, the deliveries this ingest queues are written already leased to this worker
+    /// (a hand-off: see [`Ingest::leased`]); otherwise they are written due at once.
+    pub lease: Option<IngestLease>,
+}
+
+/// A lease taken in the ingest transaction itself, for the local delivery worker: the rows
+/// are written leased, so no other leaser takes them, and the worker receives them from the
+/// gateway's memory instead of a separate lease write. Should the worker never attempt them
+/// (a crash, a hang-up), the lease runs out and they are due like any other row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngestLease {
+    /// The worker the rows are leased to.
+    pub owner: String,
+    /// When the lease ends.
+    pub until: Timestamp,
+}
+
+impl Ingest {
+    /// How many deliveries this ingest queues if every event is new: the most a hand-off of
+    /// it may carry.
+    pub fn most_deliveries(&self) -> usize {
+        self.events.len() * self.destinations.len()
+    }
+
+    /// The deliveries `outcome` queued, as [`Store::lease_due`] would hand them out: for an
+    /// ingest written with a [`lease`](Ingest::lease), what its worker attempts without
+    /// reading them back. The body is shared with the request, not copied.
+    pub fn leased(&self, outcome: &IngestOutcome) -> Vec<LeasedDelivery> {
+        let mut leased = Vec::new();
+        for (event, (_, claim)) in self.events.iter().zip(&outcome.claims) {
+            let Claim::New { deliveries } = claim else {
+                continue;
+            };
+            let idempotency_key = IdempotencyKey::new(&self.source, &event.key);
+            for (id, destination) in deliveries.iter().zip(&self.destinations) {
+                leased.push(LeasedDelivery {
+                    id: *id,
+                    request_id: outcome.request_id,
+                    source: self.source.as_str().to_owned(),
+                    event_key: event.key.as_str().to_owned(),
+                    event_type: event.event_type.clone(),
+                    destination: destination.clone(),
+                    idempotency_key: idempotency_key.clone(),
+                    attempts: 0,
+                    round_started_at: self.request.received_at,
+                    method: self.request.method.clone(),
+                    path: self.request.path.clone(),
+                    headers: self.request.headers.clone(),
+                    body: self.request.body.clone(),
+                });
+            }
+        }
+        leased
+    }
 }
 
 /// Who decides whether each event of an [`Ingest`] is new.

@@ -36,6 +36,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use hooklatch_http::Handoff;
+
 use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher};
 
 use crate::config::{Destination, DestinationKind};
@@ -87,6 +89,8 @@ pub struct Worker {
     pub(crate) poll_interval: Duration,
     pub(crate) lease: Duration,
     pub(crate) enqueued: Arc<Notify>,
+    /// New deliveries handed over by ingest, leased to this worker already.
+    pub(crate) handoff: Arc<Handoff>,
 }
 
 impl Worker {
@@ -106,22 +110,40 @@ impl Worker {
     pub async fn run(self, cancel: CancellationToken, grace: Duration) {
         let this = Arc::new(self);
         let mut in_flight = JoinSet::new();
+        // Whether to look at the store for due rows in this turn: not when a task finishing
+        // woke the dispatcher while the store had nothing due at its last look (new events
+        // come through the hand-off then, and a wasted lease is a write).
+        let mut look = true;
         loop {
             if cancel.is_cancelled() {
                 break;
             }
-            let free = this.concurrency.saturating_sub(in_flight.len());
+            let mut free = this.concurrency.saturating_sub(in_flight.len());
+            // Deliveries ingest handed over first: they are leased to this worker already.
+            // Their tasks look at the store for due rows with every attempt they record, so
+            // the store is not asked here as well (an empty lease is a write, too).
+            let handed = this.handoff.take(free, Timestamp::now());
+            let any_handed = !handed.is_empty();
+            for delivery in handed {
+                let (this, cancel) = (this.clone(), cancel.clone());
+                in_flight.spawn(async move { this.work(delivery, None, cancel).await });
+                free -= 1;
+            }
             let mut leased_all = false;
             let mut lease_failed = false;
-            if free > 0 {
+            if free > 0 && !any_handed && look {
                 // Up to two rows per free task: the second is the task's next, ready while
                 // the first one's attempt is recorded.
+                let limit = free * 2;
                 match this
                     .store
-                    .lease_due(&this.owner, Timestamp::now(), this.lease, (free * 2) as u32)
+                    .lease_due(&this.owner, Timestamp::now(), this.lease, limit as u32)
                     .await
                 {
                     Ok(batch) => {
+                        // Fewer than asked: nothing else is due, and new events may be
+                        // handed over without passing anything.
+                        this.handoff.set_caught_up(batch.len() < limit);
                         leased_all = batch.len() >= free;
                         let mut rows = batch.into_iter();
                         let firsts: Vec<_> = rows.by_ref().take(free).collect();
@@ -137,7 +159,7 @@ impl Worker {
                     }
                 }
             }
-            if leased_all && in_flight.len() < this.concurrency {
+            if (leased_all || this.handoff.waiting() > 0) && in_flight.len() < this.concurrency {
                 continue;
             }
             // With every task busy there is nothing to lease until one finishes (and a busy
@@ -145,19 +167,21 @@ impl Worker {
             // After a failed lease (a full store, a lost connection) the due rows are still due:
             // the next try waits the poll interval instead of following at once.
             let sleep = this
-                .time_to_next_due(leased_all || free == 0 || lease_failed)
+                .time_to_next_due(leased_all || free == 0 || lease_failed || any_handed)
                 .await;
-            tokio::select! {
+            look = tokio::select! {
                 _ = cancel.cancelled() => break,
-                _ = this.enqueued.notified() => {}
+                _ = this.enqueued.notified() => true,
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
                     if let Err(err) = joined {
                         tracing::error!(%err, "a delivery task panicked");
                     }
+                    !this.handoff.caught_up()
                 }
-                _ = tokio::time::sleep(sleep) => {}
-            }
+                _ = tokio::time::sleep(sleep) => true,
+            };
         }
+        this.handoff.close();
         let drained = tokio::time::timeout(grace, async {
             while in_flight.join_next().await.is_some() {}
         })
@@ -199,11 +223,15 @@ impl Worker {
         let mut ready: VecDeque<LeasedDelivery> = std::iter::once(first).chain(next).collect();
         let mut recording: Option<Recording<'_>> = None;
         loop {
+            // Nothing in hand: a delivery ingest handed over, if one waits.
+            if ready.is_empty() {
+                ready.extend(self.handoff.take(1, Timestamp::now()));
+            }
             let Some(delivery) = ready.pop_front() else {
                 match recording.take() {
                     // Nothing in hand: the attempt being recorded may bring the next lease.
                     Some(recorded) => {
-                        ready.extend(leased(recorded.await));
+                        ready.extend(self.next_lease(recorded.await));
                         continue;
                     }
                     None => break,
@@ -212,7 +240,7 @@ impl Worker {
             let result = match recording.take() {
                 Some(recorded) => {
                     let (result, recorded) = tokio::join!(self.deliver(delivery), recorded);
-                    ready.extend(leased(recorded));
+                    ready.extend(self.next_lease(recorded));
                     result
                 }
                 None => self.deliver(delivery).await,
@@ -228,6 +256,19 @@ impl Worker {
                 self.lease,
             ));
         }
+    }
+
+    /// The lease a recorded attempt brought, if any (see [`leased`]). The store answering
+    /// with none tells that nothing else is due: new events may be handed over; answering
+    /// with one, that there may be more.
+    fn next_lease(
+        &self,
+        recorded: Result<Option<LeasedDelivery>, StoreError>,
+    ) -> Option<LeasedDelivery> {
+        if let Ok(next) = &recorded {
+            self.handoff.set_caught_up(next.is_none());
+        }
+        leased(recorded)
     }
 
     /// One attempt; returns what to record.
@@ -625,6 +666,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
         };
+        let enqueued = Arc::new(Notify::new());
         Worker {
             store,
             destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
@@ -635,7 +677,13 @@ mod tests {
             concurrency,
             poll_interval: poll,
             lease: Duration::from_secs(60),
-            enqueued: Arc::new(Notify::new()),
+            enqueued: enqueued.clone(),
+            handoff: Arc::new(Handoff::new(
+                "test-worker".to_owned(),
+                Duration::from_secs(60),
+                concurrency,
+                enqueued,
+            )),
         }
     }
 
@@ -665,22 +713,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_busy_task_attempts_its_next_delivery_while_the_last_attempt_commits() {
-        // A sink that counts what it is sent.
-        let received = Arc::new(AtomicUsize::new(0));
-        let counter = received.clone();
-        let app = axum::Router::new().route(
-            "/sink",
-            post(move || {
-                let counter = counter.clone();
-                async move {
-                    counter.fetch_add(1, Ordering::SeqCst);
-                    "ok"
-                }
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}/sink", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
+        let (url, received) = counting_sink().await;
 
         // Three events for one destination, due now.
         let store = Arc::new(slow_commits(false, &["evt_1", "evt_2", "evt_3"]).await);
@@ -715,6 +748,72 @@ mod tests {
         })
         .await;
         assert_eq!(received.load(Ordering::SeqCst), 3, "nothing was sent twice");
+        cancel.cancel();
+        running.await.unwrap();
+    }
+
+    /// A sink answering 200 to every POST, and how many it got.
+    async fn counting_sink() -> (String, Arc<AtomicUsize>) {
+        let received = Arc::new(AtomicUsize::new(0));
+        let counter = received.clone();
+        let app = axum::Router::new().route(
+            "/sink",
+            post(move || {
+                let counter = counter.clone();
+                async move {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    "ok"
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/sink", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, received)
+    }
+
+    /// Once the worker found nothing due, a new event written leased to it is attempted from
+    /// the hand-off: the store is asked for no lease, and the attempt is its only other write.
+    #[tokio::test]
+    async fn a_caught_up_worker_attempts_handed_off_events_without_leasing_them() {
+        let (url, received) = counting_sink().await;
+        let store = Arc::new(slow_commits(false, &[]).await);
+        store.commits.add_permits(100);
+        let worker = worker(store.clone(), &url, 2, Duration::from_secs(60));
+        let handoff = worker.handoff.clone();
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+        eventually("the worker found nothing due", || handoff.caught_up()).await;
+        assert_eq!(store.leases.load(Ordering::SeqCst), 1);
+
+        for key in ["evt_1", "evt_2"] {
+            let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
+            ingest.destinations = vec!["app".to_owned()];
+            ingest.request.headers =
+                vec![("content-type".to_owned(), b"application/json".to_vec())];
+            let reservation = handoff
+                .reserve(ingest.most_deliveries(), ingest.request.received_at)
+                .expect("caught up, with room");
+            ingest.lease = Some(reservation.lease.clone());
+            let outcome = store.ingest(ingest.clone()).await.unwrap();
+            reservation.fulfil(&ingest, &outcome);
+            eventually("the event was delivered", || {
+                delivered(&store.inner) == received.load(Ordering::SeqCst)
+                    && received.load(Ordering::SeqCst) > 0
+            })
+            .await;
+        }
+        eventually("both events were delivered", || {
+            delivered(&store.inner) == 2
+        })
+        .await;
+        assert_eq!(received.load(Ordering::SeqCst), 2, "nothing was sent twice");
+        assert_eq!(
+            store.leases.load(Ordering::SeqCst),
+            1,
+            "no lease beyond the first look"
+        );
+        assert_eq!(store.recording.load(Ordering::SeqCst), 2, "one write each");
         cancel.cancel();
         running.await.unwrap();
     }

@@ -187,6 +187,21 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     }
 
     let ready = Arc::new(AtomicBool::new(false));
+    let longest_timeout = settings
+        .destinations
+        .iter()
+        .map(|d| d.timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(30));
+    let owner = format!("{}-{}", std::process::id(), rand::random::<u32>());
+    // A lease outlives any attempt: the longest timeout twice over, plus a margin.
+    let lease = longest_timeout * 2 + Duration::from_secs(10);
+    let handoff = Arc::new(hooklatch_http::Handoff::new(
+        owner.clone(),
+        lease,
+        settings.delivery.concurrency,
+        enqueued.clone(),
+    ));
     let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
         store: store.clone(),
         sources: settings
@@ -198,6 +213,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         body_timeout: settings.body_timeout,
         enqueued: enqueued.clone(),
         keys: keys.clone(),
+        handoff: settings.delivery.enabled.then(|| handoff.clone()),
     }));
     let render = metrics.clone();
     let admin = hooklatch_http::admin_router(Arc::new(AdminState {
@@ -219,12 +235,6 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         .iter()
         .map(|d| (d.name.clone(), Arc::new(d.clone())))
         .collect();
-    let longest_timeout = settings
-        .destinations
-        .iter()
-        .map(|d| d.timeout)
-        .max()
-        .unwrap_or(Duration::from_secs(30));
     // One publisher (one connection, one confirm-mode channel) per RabbitMQ destination,
     // shared by every delivery task; each connects on its first publish.
     let publishers: HashMap<_, _> = settings
@@ -260,12 +270,12 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         publishers: publishers.clone(),
         providers,
         client: delivery::Worker::client().context("building the delivery HTTP client")?,
-        owner: format!("{}-{}", std::process::id(), rand::random::<u32>()),
+        owner,
         concurrency: settings.delivery.concurrency,
         poll_interval: settings.delivery.poll_interval,
-        // A lease outlives any attempt: the longest timeout twice over, plus a margin.
-        lease: longest_timeout * 2 + Duration::from_secs(10),
+        lease,
         enqueued: enqueued.clone(),
+        handoff,
     };
 
     let stop_serving = CancellationToken::new();

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod handoff;
 mod routes;
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use tower_http::trace::{DefaultMakeSpan, DefaultOnRequest, DefaultOnResponse, Tr
 use tracing::Level;
 
 pub use error::ApiError;
+pub use handoff::Handoff;
 
 /// On an ingest answer in a provider's own format (Twilio's TwiML, Discord's deferred
 /// response): the gateway's verdict (`accepted`, `duplicate`, `conflict`), which its JSON
@@ -68,6 +70,9 @@ pub struct IngestState {
     pub enqueued: Arc<Notify>,
     /// An external key store (Redis mode); `None` claims keys in the store (SQL mode).
     pub keys: Option<ExternalKeys>,
+    /// New deliveries go to this instance's delivery worker in memory (`None`: delivery is off
+    /// here, and every delivery is written due).
+    pub handoff: Option<Arc<handoff::Handoff>>,
 }
 
 /// An external key store and the in-flight lease its claims hold.

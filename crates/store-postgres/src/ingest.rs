@@ -21,7 +21,8 @@
 use std::borrow::Cow;
 
 use hooklatch_core::store::{
-    Claim, Ingest, IngestOutcome, KeyDecision, NewEvent, Rejected, RequestRecord, Verdict,
+    Claim, Ingest, IngestLease, IngestOutcome, KeyDecision, NewEvent, Rejected, RequestRecord,
+    Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, Row};
@@ -47,6 +48,11 @@ pub(crate) fn text(s: &str) -> Cow<'_, str> {
 
 /// The smallest `(source, key)` the ingest claims, the order jobs run in within a batch (jobs
 /// without keys, `None`, go first).
+/// The owner of the ingest's [`lease`](Ingest::lease), if it has one, as stored.
+fn lease_owner(ingest: &Ingest) -> Option<String> {
+    ingest.lease.as_ref().map(|l| l.owner.clone())
+}
+
 pub(crate) fn lock_order(ingest: &Ingest) -> Option<(&str, &str)> {
     ingest
         .events
@@ -201,8 +207,9 @@ async fn insert_and_claim(
              d AS (
                 INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
                     idempotency_key, state, received_at, round_started_at, next_attempt_at,
-                    updated_at)
-                SELECT c.request_id, $10, $11, $14, x.destination, $15, 'pending', $1, $1, $1, $1
+                    updated_at, lease_owner, lease_until)
+                SELECT c.request_id, $10, $11, $14, x.destination, $15, 'pending', $1, $1, $1, $1,
+                    $17, $18
                 FROM c, unnest($16::text[]) WITH ORDINALITY AS x (destination, n)
                 ORDER BY x.n
                 RETURNING id)
@@ -218,6 +225,8 @@ async fn insert_and_claim(
     .bind(event.event_type.as_deref().map(text))
     .bind(idempotency_key.as_str())
     .bind(&ingest.destinations)
+    .bind(lease_owner(ingest))
+    .bind(ingest.lease.as_ref().map(|l| l.until.0))
     .fetch_one(&mut *conn)
     .await?;
     inserted(&row)
@@ -289,6 +298,8 @@ pub(crate) async fn insert_and_claim_many(
     let mut expires_at = Vec::with_capacity(n);
     let mut event_type = Vec::with_capacity(n);
     let mut idempotency_key = Vec::with_capacity(n);
+    let mut lease_owners = Vec::with_capacity(n);
+    let mut lease_until = Vec::with_capacity(n);
     let mut destination_of = Vec::new();
     let mut destination = Vec::new();
     for (i, ingest) in ingests.iter().enumerate() {
@@ -311,6 +322,8 @@ pub(crate) async fn insert_and_claim_many(
                 .as_str()
                 .to_owned(),
         );
+        lease_owners.push(lease_owner(ingest));
+        lease_until.push(ingest.lease.as_ref().map(|l| l.until.0));
         for d in &ingest.destinations {
             destination_of.push(i as i64 + 1);
             destination.push(d.as_str());
@@ -322,10 +335,11 @@ pub(crate) async fn insert_and_claim_many(
             SELECT nextval(pg_get_serial_sequence('requests', 'id')) AS id, u.*
             FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[],
                         $6::bytea[], $7::bytea[], $8::bool[], $9::text[], $10::bytea[],
-                        $11::bigint[], $12::text[], $13::text[], $14::text[])
+                        $11::bigint[], $12::text[], $13::text[], $14::text[], $17::text[],
+                        $18::bigint[])
                  WITH ORDINALITY AS u (received_at, source, method, path, peer, headers, body,
                         body_truncated, key, sha, expires_at, event_type, idempotency_key,
-                        claim_source, n)),
+                        claim_source, lease_owner, lease_until, n)),
          h AS (
             SELECT i.n, held.body_sha256, held.request_id, held.claimed_at, held.expires_at
             FROM i CROSS JOIN LATERAL (
@@ -364,9 +378,10 @@ pub(crate) async fn insert_and_claim_many(
          d AS (
             INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
                 idempotency_key, state, received_at, round_started_at, next_attempt_at,
-                updated_at)
+                updated_at, lease_owner, lease_until)
             SELECT i.id, i.claim_source, i.key, i.event_type, x.destination, i.idempotency_key,
-                'pending', i.received_at, i.received_at, i.received_at, i.received_at
+                'pending', i.received_at, i.received_at, i.received_at, i.received_at,
+                i.lease_owner, i.lease_until
             FROM c JOIN i ON i.id = c.request_id
             JOIN unnest($15::bigint[], $16::text[]) WITH ORDINALITY AS x (n, destination, o)
                 ON x.n = i.n
@@ -393,6 +408,8 @@ pub(crate) async fn insert_and_claim_many(
     .bind(&claim_source)
     .bind(&destination_of)
     .bind(&destination)
+    .bind(&lease_owners)
+    .bind(&lease_until)
     .fetch_all(&mut *conn)
     .await?;
     if rows.len() != n {
@@ -627,13 +644,14 @@ async fn queue(
         idempotency_key.as_str(),
         &ingest.destinations,
         ingest.request.received_at,
+        ingest.lease.as_ref(),
     )
     .await?;
     Ok(Claim::New { deliveries })
 }
 
-/// Inserts one pending delivery per destination, due at `now`, and returns their ids in
-/// destination order.
+/// Inserts one pending delivery per destination, due at `now` (or leased, with `lease`), and
+/// returns their ids in destination order.
 #[allow(clippy::too_many_arguments)]
 pub(crate) async fn insert_deliveries(
     conn: &mut PgConnection,
@@ -644,14 +662,16 @@ pub(crate) async fn insert_deliveries(
     idempotency_key: &str,
     destinations: &[String],
     now: Timestamp,
+    lease: Option<&IngestLease>,
 ) -> Result<Vec<DeliveryId>, sqlx::Error> {
     if destinations.is_empty() {
         return Ok(Vec::new());
     }
     let rows = sqlx::query(
         "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
-            idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
-         SELECT $1, $2, $3, $4, d.destination, $5, 'pending', $6, $6, $6, $6
+            idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at,
+            lease_owner, lease_until)
+         SELECT $1, $2, $3, $4, d.destination, $5, 'pending', $6, $6, $6, $6, $8, $9
          FROM unnest($7::text[]) WITH ORDINALITY AS d (destination, n)
          ORDER BY d.n
          RETURNING id",
@@ -663,6 +683,8 @@ pub(crate) async fn insert_deliveries(
     .bind(idempotency_key)
     .bind(now.0)
     .bind(destinations)
+    .bind(lease.map(|l| l.owner.as_str()))
+    .bind(lease.map(|l| l.until.0))
     .fetch_all(&mut *conn)
     .await?;
     // Identity values follow insertion order, which is destination order.

@@ -443,6 +443,7 @@ pub(crate) async fn redeliver(
                 &idempotency_key,
                 destinations,
                 now,
+                None,
             )
             .await?,
         );

@@ -123,7 +123,8 @@ fn claim(
     })
 }
 
-/// Queues one new event: a pending outbox row per destination.
+/// Queues one new event: a pending outbox row per destination, due at once, or leased to the
+/// ingest's [`lease`](Ingest::lease) when it has one.
 fn queue(
     conn: &Connection,
     ingest: &Ingest,
@@ -134,9 +135,14 @@ fn queue(
     let idempotency_key = IdempotencyKey::new(&ingest.source, &event.key);
     let mut insert = conn.prepare_cached(
         "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,
-            idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7, ?7)",
+            idempotency_key, state, received_at, round_started_at, next_attempt_at, updated_at,
+            lease_owner, lease_until)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', ?7, ?7, ?7, ?7, ?8, ?9)",
     )?;
+    let (owner, until) = match &ingest.lease {
+        Some(lease) => (Some(lease.owner.as_str()), Some(lease.until.0)),
+        None => (None, None),
+    };
     let mut deliveries = Vec::with_capacity(ingest.destinations.len());
     for destination in &ingest.destinations {
         insert.execute(params![
@@ -146,7 +152,9 @@ fn queue(
             event.event_type,
             destination,
             idempotency_key.as_str(),
-            now.0
+            now.0,
+            owner,
+            until
         ])?;
         deliveries.push(DeliveryId(conn.last_insert_rowid()));
     }

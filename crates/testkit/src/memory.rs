@@ -187,7 +187,10 @@ impl State {
                     attempts: 0,
                     round_started_at: now,
                     next_attempt_at: now,
-                    lease: None,
+                    lease: ingest.lease.as_ref().map(|l| Lease {
+                        owner: l.owner.clone(),
+                        until: l.until,
+                    }),
                     last_error: None,
                     history: Vec::new(),
                 },

@@ -236,7 +236,7 @@ async fn accept(
     started: Instant,
     ack: Option<ProviderReply>,
 ) -> Response {
-    let ingest = Ingest {
+    let mut ingest = Ingest {
         source: source.name.clone(),
         body_sha256: sha256(&record.body),
         request: record,
@@ -250,18 +250,41 @@ async fn accept(
         destinations: source.destinations.clone(),
         retention: source.retention,
         keys: KeyDecision::Store,
+        lease: None,
     };
-    let result = match &state.keys {
-        None => state.store.ingest(ingest).await.map_err(Refused::Store),
-        // Claim, queue and mark done run in a task of their own: a provider hanging up must
-        // not stop them between the store's commit and marking the keys done.
-        Some(keys) => tokio::spawn(ingest_with_keys(state.store.clone(), keys.clone(), ingest))
+    // While the local worker is caught up, the new deliveries are written leased to it and
+    // handed over in memory (see `crate::handoff`).
+    let reservation = state
+        .handoff
+        .as_ref()
+        .and_then(|handoff| handoff.reserve(ingest.most_deliveries(), ingest.request.received_at));
+    ingest.lease = reservation.as_ref().map(|r| r.lease.clone());
+    let handed_off = reservation.is_some();
+    let result = match (&state.keys, reservation) {
+        (None, None) => state.store.ingest(ingest).await.map_err(Refused::Store),
+        // Claim, queue, mark done and hand off run in a task of their own: a provider hanging
+        // up must not stop them between the store's commit and marking the keys done, nor
+        // strand a delivery written leased to the worker until its lease runs out.
+        (keys, reservation) => {
+            let (store, keys) = (state.store.clone(), keys.clone());
+            tokio::spawn(async move {
+                let handed = reservation.map(|r| (r, ingest.clone()));
+                let result = match keys {
+                    None => store.ingest(ingest).await.map_err(Refused::Store),
+                    Some(keys) => ingest_with_keys(store, keys, ingest).await,
+                };
+                if let (Some((reservation, ingest)), Ok(outcome)) = (handed, &result) {
+                    reservation.fulfil(&ingest, outcome);
+                }
+                result
+            })
             .await
             .unwrap_or_else(|err| {
                 Err(Refused::Store(StoreError::Unavailable(format!(
                     "ingest task failed: {err}"
                 ))))
-            }),
+            })
+        }
     };
     let outcome = match result {
         Ok(outcome) => outcome,
@@ -301,7 +324,8 @@ async fn accept(
         }
     };
     let verdict = outcome.verdict();
-    if verdict == Verdict::Accepted {
+    // A hand-off woke the worker itself.
+    if verdict == Verdict::Accepted && !handed_off {
         state.enqueued.notify_one();
     }
     let n_conflicts = outcome

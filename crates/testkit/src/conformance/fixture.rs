@@ -79,6 +79,7 @@ pub fn ingest(source: &str, keys: &[&str], body: &[u8], received_at: Timestamp) 
         destinations: DESTINATIONS.iter().map(|d| (*d).to_owned()).collect(),
         retention: RETENTION,
         keys: KeyDecision::Store,
+        lease: None,
     }
 }
 

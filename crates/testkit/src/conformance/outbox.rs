@@ -5,8 +5,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt};
-use hooklatch_core::store::{DeliveryState, LeasedDelivery, Redelivery, Redrive};
-use hooklatch_core::{DeliveryId, Store, Timestamp};
+use hooklatch_core::store::{
+    DeliveryState, Header, IngestLease, LeasedDelivery, Redelivery, Redrive,
+};
+use hooklatch_core::{DeliveryId, RequestId, Store, Timestamp};
 
 use crate::conformance::fixture::{
     at, attempt, delivery, headers, idempotency_key, ingest, ingest_ok, new_deliveries,
@@ -530,5 +532,106 @@ pub async fn recording_an_attempt_can_lease_the_next_due_delivery<S: Store>(stor
     assert!(
         lease(&store, "worker-b", at(6), 10).await.is_empty(),
         "nothing else is due"
+    );
+}
+
+/// The fields of a leased delivery, to compare two of them whole.
+#[allow(clippy::type_complexity)]
+fn fields(
+    d: &LeasedDelivery,
+) -> (
+    DeliveryId,
+    RequestId,
+    (&str, &str, Option<&str>, &str, &str),
+    (u32, Timestamp, &str, &str),
+    (&[Header], &[u8]),
+) {
+    (
+        d.id,
+        d.request_id,
+        (
+            d.source.as_str(),
+            d.event_key.as_str(),
+            d.event_type.as_deref(),
+            d.destination.as_str(),
+            d.idempotency_key.as_str(),
+        ),
+        (
+            d.attempts,
+            d.round_started_at,
+            d.method.as_str(),
+            d.path.as_str(),
+        ),
+        (&d.headers[..], &d.body[..]),
+    )
+}
+
+/// An ingest with a lease (the hand-off to the local worker) writes its new deliveries leased
+/// to that worker: nobody else leases them before the lease ends, the worker's attempts move
+/// them, and what [`Ingest::leased`](hooklatch_core::store::Ingest::leased) builds in memory
+/// is what `lease_due` hands out once the lease has run out. A duplicate event in the same
+/// request hands nothing over.
+pub async fn an_ingest_with_a_lease_writes_its_deliveries_leased_to_its_worker<S: Store>(store: S) {
+    ingest_ok(&store, ingest(SOURCE, &["evt_0"], BODY, T0)).await;
+    lease(&store, "worker-b", T0, 10).await;
+    let mut leasing = ingest(SOURCE, &["evt_0", "evt_1"], BODY, at(1));
+    leasing.lease = Some(IngestLease {
+        owner: WORKER.to_owned(),
+        until: at(31),
+    });
+    let outcome = ingest_ok(&store, leasing.clone()).await;
+    let handed = leasing.leased(&outcome);
+    let rows = new_deliveries(&outcome);
+    assert_eq!(rows.len(), DESTINATIONS.len(), "evt_0 is a duplicate");
+    assert_eq!(ids(&handed), rows.iter().copied().collect());
+    assert!(handed.iter().all(|d| d.event_key == "evt_1"));
+
+    assert!(
+        lease(&store, WORKER, at(2), 10).await.is_empty(),
+        "leased at ingest: not due"
+    );
+    // evt_0's deliveries, whose lease from T0 ran out, and nothing of the hand-off.
+    assert_eq!(
+        lease(&store, "worker-b", at(30), 10).await.len(),
+        DESTINATIONS.len()
+    );
+    delivered(&store, handed[0].id, at(2)).await;
+    assert_eq!(
+        delivery(&store, handed[0].id).await.state,
+        DeliveryState::Delivered,
+        "the lease's worker moves it"
+    );
+
+    let taken_over = lease(&store, "worker-b", at(31), 10).await;
+    assert_eq!(
+        ids(&taken_over),
+        BTreeSet::from([handed[1].id]),
+        "the lease ran out: due like any other row"
+    );
+    assert_eq!(
+        fields(&taken_over[0]),
+        fields(&handed[1]),
+        "built in memory as the store hands it out"
+    );
+
+    // A one-event request (the common case, which some stores write in a shorter way).
+    let mut one = ingest(SOURCE, &["evt_2"], BODY, at(40));
+    one.lease = leasing.lease.map(|lease| IngestLease {
+        until: at(70),
+        ..lease
+    });
+    let outcome = ingest_ok(&store, one.clone()).await;
+    let handed = one.leased(&outcome);
+    assert_eq!(handed.len(), DESTINATIONS.len());
+    // The earlier rows, whose leases ran out, and nothing of this hand-off.
+    let earlier = ids(&lease(&store, "worker-b", at(69), 10).await);
+    assert!(
+        earlier.is_disjoint(&ids(&handed)),
+        "leased at ingest: not due"
+    );
+    let taken_over = lease(&store, "worker-b", at(70), 10).await;
+    assert_eq!(
+        taken_over.iter().map(fields).collect::<Vec<_>>(),
+        handed.iter().map(fields).collect::<Vec<_>>()
     );
 }
