@@ -134,6 +134,12 @@ impl Work {
         }
     }
 
+    /// An ingest whose deliveries are written leased to its instance's worker, which hears
+    /// of them in memory: no other worker needs waking for them.
+    fn handed_off(&self) -> bool {
+        matches!(self, Work::Ingest(ingest) if ingest.lease.is_some())
+    }
+
     /// How many lock waits the job may go through (one per claim).
     fn n_claims(&self) -> u32 {
         match self {
@@ -502,7 +508,9 @@ async fn commit_batch(
     }
 }
 
-/// `NOTIFY`s the workers of every instance that a batch queued deliveries, after its commit.
+/// `NOTIFY`s the workers of every instance that a batch queued deliveries, after its commit
+/// (not for deliveries written leased to their own instance's worker: nobody else may take
+/// them before their lease ends, and that worker hears of them in memory).
 ///
 /// Not inside the batch's transaction: a transaction that notifies holds a database-wide lock
 /// from its commit until its end, its WAL flush included, so batches that notified committed
@@ -560,7 +568,7 @@ async fn run_batch(
     for job in batch {
         match job.work.run(conn, prepared.next().flatten()).await {
             Ok(done) => {
-                queued_work |= done.queued_deliveries();
+                queued_work |= done.queued_deliveries() && !job.work.handed_off();
                 results.push(Ok(done));
                 // Keep the job's work, and open the next job's savepoint, in one round trip.
                 if savepoints {
