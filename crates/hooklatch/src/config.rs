@@ -128,6 +128,9 @@ pub struct DeliverySettings {
     pub concurrency: usize,
     /// Idle poll interval.
     pub poll_interval: Duration,
+    /// New deliveries go to this instance's worker in memory while it is caught up
+    /// (`hooklatch_http::handoff`).
+    pub handoff: bool,
 }
 
 /// A destination, resolved.
@@ -239,6 +242,7 @@ struct RawDelivery {
     enabled: bool,
     concurrency: i64,
     poll_interval: Value,
+    handoff: bool,
     timeout: Value,
     max_attempts: i64,
     initial_backoff: Value,
@@ -671,6 +675,7 @@ fn resolve(
             enabled: d.enabled,
             concurrency,
             poll_interval: positive("delivery.poll_interval", &d.poll_interval)?,
+            handoff: d.handoff,
         },
         sources,
         destinations,
@@ -1102,6 +1107,7 @@ url = "http://127.0.0.1:3000/webhooks/stripe"
         assert_eq!(s.sources[0].retention, Duration::from_secs(35 * 86_400));
         assert_eq!(s.sources[0].secrets[0].expose(), b"whsec_x");
         assert_eq!(s.destinations[0].retry.max_attempts, 12);
+        assert!(s.delivery.handoff, "the hand-off is on by default");
     }
 
     #[test]
@@ -1113,8 +1119,10 @@ url = "http://127.0.0.1:3000/webhooks/stripe"
             ("HOOKLATCH_SERVER__BODY_LIMIT", "2048"),
             ("HOOKLATCH_SOURCES__STRIPE__TOLERANCE", "10m"),
             ("HOOKLATCH_DESTINATIONS__APP__MAX_ATTEMPTS", "3"),
+            ("HOOKLATCH_DELIVERY__HANDOFF", "false"),
         ]);
         let s = load_str(EXAMPLE, &e).unwrap();
+        assert!(!s.delivery.handoff);
         assert_eq!(s.listen.port(), 9999);
         assert_eq!(s.body_limit, 2048);
         assert_eq!(s.sources[0].tolerance, Duration::from_secs(600));

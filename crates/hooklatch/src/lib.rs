@@ -213,7 +213,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         body_timeout: settings.body_timeout,
         enqueued: enqueued.clone(),
         keys: keys.clone(),
-        handoff: settings.delivery.enabled.then(|| handoff.clone()),
+        handoff: (settings.delivery.enabled && settings.delivery.handoff).then(|| handoff.clone()),
     }));
     let render = metrics.clone();
     let admin = hooklatch_http::admin_router(Arc::new(AdminState {
