@@ -37,6 +37,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use hooklatch_http::Handoff;
+use reqwest::header::HeaderValue;
 
 use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher};
 
@@ -409,8 +410,11 @@ impl Worker {
             .header("hooklatch-delivery-id", delivery.id.to_string())
             .header("hooklatch-attempt", attempt.to_string())
             .header("hooklatch-source", delivery.source.as_str());
-        if let Some(event_type) = &delivery.event_type {
-            req = req.header("hooklatch-event-type", event_type.as_str());
+        // An event type no header can carry (a control character from the provider's JSON)
+        // is left out rather than failing every attempt; history keeps it.
+        let event_type = delivery.event_type.as_deref();
+        if let Some(value) = event_type.and_then(|t| HeaderValue::from_str(t).ok()) {
+            req = req.header("hooklatch-event-type", value);
         }
         if let Some(key_bytes) = secret.and_then(decode_secret) {
             let ts = now.as_secs();
@@ -770,6 +774,27 @@ mod tests {
         let url = format!("http://{}/sink", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
         (url, received)
+    }
+
+    /// An event type with a control character cannot be a header value: the delivery goes
+    /// out without `hooklatch-event-type` instead of failing on every attempt.
+    #[tokio::test]
+    async fn an_event_type_no_header_can_carry_does_not_stop_the_delivery() {
+        let (url, received) = counting_sink().await;
+        let store = Arc::new(slow_commits(false, &[]).await);
+        store.commits.add_permits(10);
+        let mut ingest = fixture::ingest("stripe", &["evt_nul"], b"{}", Timestamp::now());
+        ingest.destinations = vec!["app".to_owned()];
+        ingest.request.headers = vec![("content-type".to_owned(), b"application/json".to_vec())];
+        ingest.events[0].event_type = Some("invoice.\0paid\n".to_owned());
+        store.ingest(ingest).await.unwrap();
+        let worker = worker(store.clone(), &url, 1, Duration::from_secs(60));
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+        eventually("the event was delivered", || delivered(&store.inner) == 1).await;
+        assert_eq!(received.load(Ordering::SeqCst), 1, "on the first attempt");
+        cancel.cancel();
+        running.await.unwrap();
     }
 
     /// Once the worker found nothing due, a new event written leased to it is attempted from
