@@ -153,7 +153,7 @@ Examples:
 Safe to run while instances are serving and from several places at once (an advisory lock
 serializes migrations on PostgreSQL).")]
     Migrate {
-        /// The TOML configuration file (its [store] url).
+        /// The TOML configuration file (for its store url).
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },

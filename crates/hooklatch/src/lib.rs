@@ -9,7 +9,7 @@
 //! - [`config`]: layered TOML and environment configuration, resolved into [`Settings`].
 //! - [`delivery`]: the workers that deliver the outbox to destinations (HTTP or RabbitMQ) with
 //!   retries.
-//! - [`bench`]: the load generator behind `hooklatch bench` (ingest, the HTTP ceiling, delivery).
+//! - [`bench`](mod@bench): the load generator behind `hooklatch bench` (ingest, the HTTP ceiling, delivery).
 //! - [`fixtures`]: realistic signed test events per provider (`hooklatch send`).
 //! - [`capture`]: one request as the gateway kept it, and the export file format.
 //! - [`admin`]: a client of a running gateway's admin API (captures by `req_`/`dlv_` id).

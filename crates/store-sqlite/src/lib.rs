@@ -2,7 +2,7 @@
 //!
 //! Durability: WAL with `synchronous=FULL`, checked on every connection at open; a commit is
 //! fsynced before [`Store::ingest`] returns. Throughput: every write goes through one writer
-//! thread ([`writer`]) that takes whatever jobs are waiting and commits them as one transaction
+//! thread (`writer`) that takes whatever jobs are waiting and commits them as one transaction
 //! (group commit), so one fsync covers many requests. One job's failure does not undo its
 //! neighbours: the batch then runs again with each job in its own savepoint.
 //!
@@ -11,7 +11,7 @@
 //! back whole. Reads use a small pool of separate connections, which WAL lets run beside the
 //! writer.
 //!
-//! Layout: [`schema`] creates and migrates tables; [`writer`] is the group-commit thread and
+//! Layout: [`schema`] creates and migrates tables; `writer` is the group-commit thread and
 //! `checkpoint` the thread that copies its WAL pages into the database file;
 //! `ingest`, `outbox` and `history` hold the SQL for each part of [`Store`]; `body` compresses
 //! request bodies at rest.
