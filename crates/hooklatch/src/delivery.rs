@@ -639,6 +639,15 @@ mod tests {
         panic!("timed out waiting until {what}");
     }
 
+    /// One event for the destination `app`, received now.
+    fn app_ingest(key: &str) -> Ingest {
+        let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
+        ingest.destinations = vec!["app".to_owned()];
+        // The fixture's headers include bytes no HTTP request may carry.
+        ingest.request.headers = vec![("content-type".to_owned(), b"application/json".to_vec())];
+        ingest
+    }
+
     /// A [`SlowCommits`] holding one due event per key for the destination `app`.
     async fn slow_commits(full: bool, keys: &[&str]) -> SlowCommits {
         let store = SlowCommits {
@@ -649,12 +658,7 @@ mod tests {
             leases: AtomicUsize::new(0),
         };
         for key in keys {
-            let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
-            ingest.destinations = vec!["app".to_owned()];
-            // The fixture's headers include bytes no HTTP request may carry.
-            ingest.request.headers =
-                vec![("content-type".to_owned(), b"application/json".to_vec())];
-            store.ingest(ingest).await.unwrap();
+            store.ingest(app_ingest(key)).await.unwrap();
         }
         store
     }
@@ -783,9 +787,7 @@ mod tests {
         let (url, received) = counting_sink().await;
         let store = Arc::new(slow_commits(false, &[]).await);
         store.commits.add_permits(10);
-        let mut ingest = fixture::ingest("stripe", &["evt_nul"], b"{}", Timestamp::now());
-        ingest.destinations = vec!["app".to_owned()];
-        ingest.request.headers = vec![("content-type".to_owned(), b"application/json".to_vec())];
+        let mut ingest = app_ingest("evt_nul");
         ingest.events[0].event_type = Some("invoice.\0paid\n".to_owned());
         store.ingest(ingest).await.unwrap();
         let worker = worker(store.clone(), &url, 1, Duration::from_secs(60));
@@ -812,10 +814,7 @@ mod tests {
         assert_eq!(store.leases.load(Ordering::SeqCst), 1);
 
         for key in ["evt_1", "evt_2"] {
-            let mut ingest = fixture::ingest("stripe", &[key], b"{}", Timestamp::now());
-            ingest.destinations = vec!["app".to_owned()];
-            ingest.request.headers =
-                vec![("content-type".to_owned(), b"application/json".to_vec())];
+            let mut ingest = app_ingest(key);
             let reservation = handoff
                 .reserve(ingest.most_deliveries(), ingest.request.received_at)
                 .expect("caught up, with room");
