@@ -593,7 +593,7 @@ fn statuses(responses: &[Response]) -> BTreeMap<String, u32> {
 }
 
 fn humanize(d: Duration) -> String {
-    if d.as_secs() >= 60 && d.as_secs() % 60 == 0 {
+    if d.as_secs() >= 60 && d.as_secs().is_multiple_of(60) {
         format!("{}m", d.as_secs() / 60)
     } else if d.subsec_millis() == 0 {
         format!("{}s", d.as_secs())

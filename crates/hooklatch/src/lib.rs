@@ -67,8 +67,9 @@ impl Drop for OpenStore {
     }
 }
 
-/// Opens the configured store (running its migrations), and for a shared store starts
-/// listening for work queued by other instances, waking `enqueued`.
+/// Opens the configured store for serving (running its migrations). A SQLite file is taken for
+/// this process alone, and the leases a gateway that died left in it are given back; a shared
+/// store starts listening for work queued by other instances, waking `enqueued`.
 pub async fn open_store(
     settings: &config::StoreSettings,
     enqueued: Arc<Notify>,
@@ -77,8 +78,14 @@ pub async fn open_store(
         #[cfg(feature = "sqlite")]
         config::StoreBackend::Sqlite(opts) => {
             let _ = enqueued;
-            let store = hooklatch_store_sqlite::SqliteStore::open(opts)
+            let (store, released) = hooklatch_store_sqlite::SqliteStore::open_serving(opts)
                 .with_context(|| format!("opening the store at {}", opts.path.display()))?;
+            if released > 0 {
+                tracing::info!(
+                    released,
+                    "gave back the deliveries a gateway that stopped without finishing them still held; they are due now"
+                );
+            }
             Ok(OpenStore {
                 store: Arc::new(store),
                 listener: None,

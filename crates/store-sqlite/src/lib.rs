@@ -22,6 +22,7 @@ mod history;
 mod ingest;
 mod outbox;
 pub mod schema;
+pub mod serving;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -101,6 +102,9 @@ pub struct SqliteStore {
     writer: Writer,
     readers: Arc<ReaderPool>,
     cap: Option<PageCap>,
+    /// Held by a serving gateway's store ([`SqliteStore::open_serving`]) for as long as any
+    /// clone of it lives.
+    _serving: Option<Arc<serving::ServingLock>>,
 }
 
 /// The file's size cap, and the lower one new requests stop at: the pages between them are
@@ -152,16 +156,36 @@ impl SqliteStore {
     /// Opens (creating and migrating if needed) the database, checks its durability settings,
     /// and starts the writer thread.
     pub fn open(opts: &SqliteOptions) -> Result<SqliteStore, StoreError> {
+        SqliteStore::open_with(opts, false).map(|(store, _)| store)
+    }
+
+    /// Opens the store for a serving gateway (`hooklatch serve`): takes the file for this
+    /// process alone ([`serving::ServingLock`]; another serving process makes this fail), then
+    /// gives back every delivery lease still running in it, which can only be a dead
+    /// process's, so those deliveries are due at once. Returns the store and the number of
+    /// deliveries released.
+    pub fn open_serving(opts: &SqliteOptions) -> Result<(SqliteStore, usize), StoreError> {
+        SqliteStore::open_with(opts, true)
+    }
+
+    fn open_with(opts: &SqliteOptions, serving: bool) -> Result<(SqliteStore, usize), StoreError> {
         if let Some(dir) = opts.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| {
                 StoreError::Unavailable(format!("creating directory {}: {e}", dir.display()))
             })?;
         }
+        let lock = serving
+            .then(|| serving::ServingLock::take(&opts.path))
+            .transpose()?;
         let conn = open_connection(&opts.path, false)?;
         let cap = opts.max_page_count.map(PageCap::new);
         set_room(&conn, cap, Room::All).map_err(map_err)?;
         schema::migrate(&conn).map_err(map_err)?;
         checkpoint::configure_writer(&conn).map_err(map_err)?;
+        let released = match lock {
+            Some(_) => outbox::release_every_lease(&conn, Timestamp::now()).map_err(map_err)?,
+            None => 0,
+        };
         let checkpointer = Checkpointer::start(open_connection(&opts.path, false)?)?;
         let writer = Writer::start(conn, opts.max_batch.max(1), checkpointer)?;
         let readers = Arc::new(ReaderPool {
@@ -172,11 +196,13 @@ impl SqliteStore {
             let conn = open_connection(&opts.path, true)?;
             readers.idle.lock().expect("reader pool lock").push(conn);
         }
-        Ok(SqliteStore {
+        let store = SqliteStore {
             writer,
             readers,
             cap,
-        })
+            _serving: lock.map(Arc::new),
+        };
+        Ok((store, released))
     }
 
     /// Runs `f` in the writer's next group commit, under the page limit of `room`.

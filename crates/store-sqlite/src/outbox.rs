@@ -149,6 +149,22 @@ pub(crate) fn release_leases(conn: &Connection, owner: &str) -> rusqlite::Result
     Ok(())
 }
 
+/// Gives back every lease still running at `now`, whoever holds it: for a gateway that has just
+/// taken the file for itself ([`crate::serving`]), every such lease belongs to a process that
+/// is gone. Leased rows sort after `now` in the ready index, so this reads only them and the
+/// retries scheduled later, never the backlog that is due. Returns the rows released.
+pub(crate) fn release_every_lease(conn: &Connection, now: Timestamp) -> rusqlite::Result<usize> {
+    conn.execute(RELEASE_EVERY_LEASE, [now.0])
+}
+
+const RELEASE_EVERY_LEASE: &str = concat!(
+    "UPDATE deliveries SET lease_owner = NULL, lease_until = NULL WHERE id IN (
+        SELECT id FROM deliveries INDEXED BY deliveries_ready
+        WHERE state = 'pending' AND lease_owner IS NOT NULL AND ",
+    ready_at!(),
+    " > ?1)"
+);
+
 /// The earliest time a pending row can be taken: one probe of the ready index.
 pub(crate) fn next_due(conn: &Connection) -> rusqlite::Result<Option<Timestamp>> {
     conn.prepare_cached(NEXT_DUE)?
@@ -250,7 +266,7 @@ pub(crate) fn redeliver(
 mod tests {
     use rusqlite::Connection;
 
-    use super::{LEASE_DUE, NEXT_DUE};
+    use super::{LEASE_DUE, NEXT_DUE, RELEASE_EVERY_LEASE};
 
     fn plan(sql: &str, params: impl rusqlite::Params) -> String {
         let conn = Connection::open_in_memory().expect("an in-memory database");
@@ -281,6 +297,13 @@ mod tests {
         let plan = plan(NEXT_DUE, []);
         assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
         assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    }
+
+    #[test]
+    fn releasing_every_lease_reads_only_rows_ready_later() {
+        let plan = plan(RELEASE_EVERY_LEASE, [1]);
+        assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
+        assert!(!plan.contains("SCAN deliveries"), "{plan}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Runs the backend conformance suite on the SQLite store, a new database file per case, plus
 //! what only a real file shows: a returned ingest is in the file, a full file refuses an
-//! ingest whole, and committed pages are checkpointed into the file beside the writer.
+//! ingest whole, committed pages are checkpointed into the file beside the writer, and a
+//! serving open takes the file alone and gives back a dead gateway's leases.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -362,4 +363,70 @@ async fn committed_pages_reach_the_database_file_beside_the_writer() {
         "the database file is {size} bytes (empty: {empty}); 200 × 4 KB requests were committed"
     );
     drop(store);
+}
+
+/// A serving gateway takes the file for itself, and every lease it finds there is a dead
+/// process's: they are given back at once, while a retry scheduled for later stays where it
+/// is. A second serving open of the same file is refused while the first lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serving_open_gives_back_the_leases_a_dead_gateway_left() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("hooklatch.db");
+    let now = hooklatch_core::Timestamp::now();
+    let hour = std::time::Duration::from_secs(3600);
+    {
+        // The gateway that dies: it leases all four deliveries of two events for an hour and
+        // attempts one of them, which fails and is scheduled again an hour later.
+        let store = open(&path);
+        store
+            .ingest(ingest("stripe", &["evt_1", "evt_2"], BODY, T0))
+            .await
+            .expect("ingest");
+        let leased = store
+            .lease_due(WORKER, now, hour, ALL)
+            .await
+            .expect("lease");
+        assert_eq!(leased.len(), 2 * DESTINATIONS.len());
+        store
+            .record_attempt(attempt(
+                leased[0].id,
+                now,
+                Some(500),
+                Some("HTTP 500"),
+                AttemptNext::RetryAt(now.plus(hour)),
+            ))
+            .await
+            .expect("attempt");
+    }
+    {
+        // A plain open (no serving lock) leaves the leases alone.
+        let store = open(&path);
+        let leased = store
+            .lease_due("worker-b", now, hour, ALL)
+            .await
+            .expect("lease");
+        assert!(leased.is_empty(), "{leased:?}");
+    }
+    let (store, released) =
+        SqliteStore::open_serving(&SqliteOptions::new(&path)).expect("a serving open");
+    assert_eq!(released, 2 * DESTINATIONS.len() - 1);
+    let err = SqliteStore::open_serving(&SqliteOptions::new(&path))
+        .err()
+        .expect("a second serving open is refused")
+        .to_string();
+    assert!(
+        err.contains("one `hooklatch serve` per SQLite file"),
+        "{err}"
+    );
+    let leased = store
+        .lease_due("worker-b", now, 2 * hour, ALL)
+        .await
+        .expect("lease");
+    assert_eq!(leased.len(), 2 * DESTINATIONS.len() - 1, "{leased:?}");
+    let retried = store.lease_due("worker-b", now.plus(hour), hour, ALL).await;
+    assert_eq!(
+        retried.expect("lease").len(),
+        1,
+        "the retry comes due at its time"
+    );
 }

@@ -4,7 +4,10 @@
 //! event that got a 2xx before the kill is forwarded (none lost), each with
 //! `Idempotency-Key: stripe:<event id>`; and that the events a provider would re-send (those
 //! that got no 2xx) are answered 2xx — as duplicates when they had committed before the kill —
-//! and delivered too, with exactly one outbox row per event.
+//! and delivered too, with exactly one outbox row per event. The deliveries the dead process
+//! held leased are given back when the new one starts, not when their lease runs out.
+//!
+//! Also: a second `hooklatch serve` on a SQLite file already served is refused.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,15 +25,17 @@ use crate::support::{
 const EVENTS: usize = 1000;
 const SENDERS: usize = 16;
 const KILL_AFTER_ACKS: usize = 300;
-/// Leases held by the killed process expire 2 × timeout + 10 s after they were taken.
+/// How long every acknowledged event has to reach the handler after the restart: well under
+/// the killed process's leases (2 × timeout + 10 s = 130 s), so the test fails if the restarted
+/// gateway waits for them to run out instead of giving them back.
 const AFTER_RESTART: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let options = Options {
-        // A short attempt timeout keeps the dead process's leases short (2 × 2 s + 10 s).
-        timeout: "2s",
+        // Leases of 2 × 60 s + 10 s: longer than the test waits after the restart.
+        timeout: "60s",
         ..Options::default()
     };
     let mut gw = Gateway::start_with(&handler, options).await;
@@ -160,4 +165,28 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
          duplicate); {} forwards in all, {duplicates} of them repeated deliveries",
         received.len()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_serve_on_a_sqlite_file_already_served_is_refused() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let (status, output) = gw.serve_beside().await;
+    let status = status.expect("the second gateway exits by itself");
+    assert!(!status.success(), "exit status {status}: {output}");
+    assert!(
+        output.contains(&format!("another process (pid {}) is serving", gw.pid())),
+        "names the gateway that holds the file: {output}"
+    );
+    assert!(
+        output.contains("one `hooklatch serve` per SQLite file"),
+        "{output}"
+    );
+    // The first gateway goes on serving.
+    let body = stripe_invoice_paid(&unique("evt_beside"), 1200);
+    let (status, json) = gw
+        .ingest()
+        .post("stripe", &stripe_headers(&body), body)
+        .await;
+    assert_eq!(status, 200, "{json}");
 }

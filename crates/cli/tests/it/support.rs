@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -721,12 +721,12 @@ jitter = {jitter:?}
         panic!("hooklatch serve could not bind its ports in 5 tries");
     }
 
-    fn spawn(&self) -> Child {
-        let test_log = std::env::var_os("TEST_LOG").is_some();
+    /// `hooklatch serve --config {config}` in the gateway's dir, with its environment.
+    fn serve_command(&self, config: &Path) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hooklatch"));
         cmd.arg("serve")
             .arg("--config")
-            .arg(self.config_path())
+            .arg(config)
             .current_dir(self.dir.path())
             .stdin(Stdio::null());
         for (name, _) in std::env::vars_os() {
@@ -738,6 +738,12 @@ jitter = {jitter:?}
             .env("E2E_STRIPE_SECRET", STRIPE_SECRET)
             .env("E2E_GITHUB_SECRET", GITHUB_SECRET)
             .envs(self.options.extra_env.iter().cloned());
+        cmd
+    }
+
+    fn spawn(&self) -> Child {
+        let test_log = std::env::var_os("TEST_LOG").is_some();
+        let mut cmd = self.serve_command(&self.config_path());
         if test_log {
             cmd.env(
                 "RUST_LOG",
@@ -967,6 +973,48 @@ jitter = {jitter:?}
             );
             tokio::time::sleep(POLL).await;
         }
+    }
+
+    /// Starts a second `hooklatch serve` with this gateway's config and store, on ports of its
+    /// own, and waits (bounded) for it to exit: its exit status (`None`: still running at the
+    /// deadline, then killed) and its output.
+    pub async fn serve_beside(&self) -> (Option<ExitStatus>, String) {
+        let config = std::fs::read_to_string(self.config_path()).expect("reading the config");
+        let config = config
+            .replace(
+                &format!("127.0.0.1:{}\"", self.ingest_port),
+                &format!("127.0.0.1:{}\"", free_port()),
+            )
+            .replace(
+                &format!("127.0.0.1:{}\"", self.admin_port),
+                &format!("127.0.0.1:{}\"", free_port()),
+            );
+        let path = self.dir.path().join("beside.toml");
+        std::fs::write(&path, config).expect("writing the second config");
+        let log = self.dir.path().join("beside.log");
+        let out = File::create(&log).expect("creating the second log");
+        let err = out.try_clone().expect("cloning the log handle");
+        let mut child = self
+            .serve_command(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawning a second hooklatch serve");
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().expect("polling the child") {
+                break Some(status);
+            }
+            if started.elapsed() > DEADLINE {
+                child.kill().expect("sending SIGKILL");
+                child.wait().expect("reaping the second gateway");
+                break None;
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        let output = std::fs::read_to_string(&log).unwrap_or_default();
+        (status, output)
     }
 
     /// Changes the options the next [`Gateway::restart`] writes into the config.
