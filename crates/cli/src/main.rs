@@ -125,12 +125,16 @@ Examples:
   # End-to-end delivery: the gateway's destination is http://127.0.0.1:9090/sink
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 5000 --sink-listen 127.0.0.1:9090
 
+  # How fast a backlog drains: queue 20,000 events on a gateway with delivery off, then start
+  # the sink, then the gateway again with delivery on (its destination http://127.0.0.1:9090/sink):
+  hooklatch bench --drain 20000 --sink-listen 127.0.0.1:9090 --sink-wait 120s
+
   # For scripts (bench/run builds its table from this):
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 200 --json
 
 Duplicates are a share of all requests: byte-identical copies, half sent right behind their
-original, half after it was answered. Exit status: 0 when every request was answered 200, 1
-when any was not, 2 when the bench could not run.")]
+original, half after it was answered. Exit status: 0 when every request was answered 200 (with
+--drain: when every event arrived), 1 when any was not, 2 when the bench could not run.")]
     Bench(BenchArgs),
     /// Work with the gateway's history of events.
     Events {
@@ -522,6 +526,11 @@ struct BenchArgs {
     /// How long to wait for every accepted event to reach the sink.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, default_value = "60s")]
     sink_wait: Duration,
+    /// Send nothing: start the sink and wait (up to --sink-wait) for this many distinct events
+    /// to arrive, a backlog the gateway already holds, then report how fast they came. Start
+    /// it before the gateway; needs --sink-listen.
+    #[arg(long, value_name = "EVENTS", requires = "sink_listen", conflicts_with_all = ["baseline", "rate", "concurrency", "duration"])]
+    drain: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
@@ -967,6 +976,29 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         duration: args.duration,
         timeout: args.timeout,
     };
+    if let (Some(want), Some(addr)) = (args.drain, args.sink_listen) {
+        return client_runtime()?.block_on(async {
+            let sink = bench::Sink::start(addr, args.sink_delay).await?;
+            eprintln!(
+                "delivery sink: http://{}/sink; waiting for {want} events",
+                sink.addr
+            );
+            let drain = sink.wait_for_drain(want as usize, args.sink_wait).await;
+            if args.json {
+                print_out(&format!(
+                    "{:#}\n",
+                    serde_json::json!({ "drain": drain.to_json() })
+                ));
+            } else {
+                print_out(&drain.render());
+            }
+            Ok(if drain.complete() {
+                Outcome::Passed
+            } else {
+                Outcome::Failed
+            })
+        });
+    }
     client_runtime()?.block_on(async {
         let plan = std::sync::Arc::new(bench::plan(&opts)?);
         let total = plan.len() as u64;

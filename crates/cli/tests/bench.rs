@@ -2,6 +2,7 @@
 //! correctly. No timing is asserted (CI machines vary); the numbers live in BENCHMARKS.md.
 
 use std::net::TcpListener;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,11 +26,10 @@ impl Drop for Gateway {
     }
 }
 
-#[test]
-fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let (ingest, admin, sink) = (free_port(), free_port(), free_port());
-    let config = dir.path().join("hooklatch.toml");
+/// A config with one Stripe source delivering to the sink at `sink`; `deliver = false` makes an
+/// ingest-only gateway whose events stay queued.
+fn write_config(dir: &Path, (ingest, admin, sink): (u16, u16, u16), deliver: bool) -> PathBuf {
+    let config = dir.join("hooklatch.toml");
     std::fs::write(
         &config,
         format!(
@@ -42,6 +42,9 @@ admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
 [store]
 url = "sqlite://{db}"
 
+[delivery]
+enabled = {deliver}
+
 [[sources]]
 name = "stripe"
 provider = "stripe"
@@ -52,15 +55,20 @@ destinations = ["sink"]
 name = "sink"
 url = "http://127.0.0.1:{sink}/sink"
 "#,
-            db = dir.path().join("hooklatch.db").display(),
+            db = dir.join("hooklatch.db").display(),
         ),
     )
     .expect("writing the config");
-    let log = std::fs::File::create(dir.path().join("gateway.log")).expect("a log file");
+    config
+}
+
+/// Starts `hooklatch serve` with `config` and waits until its ingest port listens.
+fn start(dir: &Path, config: &Path, ingest: u16) -> Gateway {
+    let log = std::fs::File::create(dir.join("gateway.log")).expect("a log file");
     let mut gw = Gateway(
         Command::new(env!("CARGO_BIN_EXE_hooklatch"))
             .args(["serve", "--config"])
-            .arg(&config)
+            .arg(config)
             .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
@@ -71,12 +79,12 @@ url = "http://127.0.0.1:{sink}/sink"
     let started = Instant::now();
     loop {
         if std::net::TcpStream::connect(("127.0.0.1", ingest)).is_ok() {
-            break;
+            return gw;
         }
         assert!(
             gw.0.try_wait().expect("gateway status").is_none(),
             "the gateway exited: {}",
-            std::fs::read_to_string(dir.path().join("gateway.log")).unwrap_or_default()
+            std::fs::read_to_string(dir.join("gateway.log")).unwrap_or_default()
         );
         assert!(
             started.elapsed() < Duration::from_secs(30),
@@ -84,6 +92,14 @@ url = "http://127.0.0.1:{sink}/sink"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (ingest, admin, sink) = (free_port(), free_port(), free_port());
+    let config = write_config(dir.path(), (ingest, admin, sink), true);
+    let gw = start(dir.path(), &config, ingest);
 
     let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
         .args(["bench", "--target"])
@@ -155,4 +171,81 @@ url = "http://127.0.0.1:{sink}/sink"
             .is_some(),
         "{doc:#}"
     );
+}
+
+#[test]
+fn bench_drain_counts_a_backlog_delivered_after_a_restart() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ports = (free_port(), free_port(), free_port());
+    let (ingest, _, sink) = ports;
+
+    // 50 events queued by a gateway that does not deliver.
+    let config = write_config(dir.path(), ports, false);
+    let gw = start(dir.path(), &config, ingest);
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["bench", "--target"])
+        .arg(format!("http://127.0.0.1:{ingest}"))
+        .args(["--secret", SECRET, "--events", "50", "--concurrency", "4"])
+        .args(["--json", "--sink-wait", "0s"])
+        .output()
+        .expect("running hooklatch bench");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(gw);
+
+    // The sink first, then a gateway on the same store that delivers.
+    let drain = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args([
+            "bench",
+            "--drain",
+            "50",
+            "--sink-wait",
+            "60s",
+            "--json",
+            "--sink-listen",
+        ])
+        .arg(format!("127.0.0.1:{sink}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running hooklatch bench --drain");
+    let started = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", sink)).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the drain's sink never listened"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let config = write_config(dir.path(), ports, true);
+    let _gw = start(dir.path(), &config, ingest);
+    let out = drain.wait_with_output().expect("waiting for the drain");
+    assert!(
+        out.status.success(),
+        "drain failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("bench --drain --json prints JSON");
+    assert_eq!(doc["drain"]["expected"], 50, "{doc:#}");
+    assert_eq!(doc["drain"]["delivered"], 50, "{doc:#}");
+    assert!(doc["drain"]["attempts"].as_u64().unwrap() >= 50, "{doc:#}");
+    assert!(
+        doc["drain"]["events_per_s"].as_f64().unwrap() > 0.0,
+        "{doc:#}"
+    );
+}
+
+#[test]
+fn bench_drain_needs_a_sink_address() {
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["bench", "--drain", "10"])
+        .output()
+        .expect("running hooklatch bench");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--sink-listen"), "{err}");
 }

@@ -751,6 +751,76 @@ impl Sink {
     }
 }
 
+impl Sink {
+    /// Waits until `want` distinct keys have arrived, or `timeout`; then measures how fast
+    /// they came: a backlog the gateway already held, delivered with nothing else to do.
+    pub async fn wait_for_drain(&self, want: usize, timeout: Duration) -> DrainReport {
+        let until = Instant::now() + timeout;
+        while self.distinct() < want && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let first = self.state.first.lock().unwrap();
+        let span = match (first.values().min(), first.values().max()) {
+            (Some(a), Some(b)) => b.saturating_duration_since(*a),
+            _ => Duration::ZERO,
+        };
+        DrainReport {
+            want: want as u64,
+            delivered: first.len() as u64,
+            attempts: self.deliveries(),
+            span,
+        }
+    }
+}
+
+/// A backlog's delivery through the sink ([`Sink::wait_for_drain`]).
+#[derive(Debug, Clone)]
+pub struct DrainReport {
+    /// Distinct events expected.
+    pub want: u64,
+    /// Distinct events delivered within the wait.
+    pub delivered: u64,
+    /// Delivery attempts the sink saw (retries included).
+    pub attempts: u64,
+    /// From the first event's arrival to the last's.
+    pub span: Duration,
+}
+
+impl DrainReport {
+    /// Events per second, over the time between the first arrival and the last.
+    pub fn throughput(&self) -> f64 {
+        self.delivered.saturating_sub(1) as f64 / self.span.as_secs_f64().max(1e-9)
+    }
+
+    /// Whether every expected event arrived.
+    pub fn complete(&self) -> bool {
+        self.delivered >= self.want
+    }
+
+    /// As JSON.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "expected": self.want,
+            "delivered": self.delivered,
+            "attempts": self.attempts,
+            "span_s": self.span.as_secs_f64(),
+            "events_per_s": self.throughput(),
+        })
+    }
+
+    /// As text.
+    pub fn render(&self) -> String {
+        format!(
+            "drain: {d}/{w} events delivered ({att} attempts) in {s:.2}s from the first to the last = {eps:.0} events/s\n",
+            d = self.delivered,
+            w = self.want,
+            att = self.attempts,
+            s = self.span.as_secs_f64(),
+            eps = self.throughput(),
+        )
+    }
+}
+
 /// End-to-end delivery through the sink.
 #[derive(Debug, Clone)]
 pub struct DeliveryReport {
