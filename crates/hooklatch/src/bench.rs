@@ -749,9 +749,7 @@ impl Sink {
             latency,
         }
     }
-}
 
-impl Sink {
     /// Waits until `want` distinct keys have arrived, or `timeout`; then measures how fast
     /// they came: a backlog the gateway already held, delivered with nothing else to do.
     pub async fn wait_for_drain(&self, want: usize, timeout: Duration) -> DrainReport {

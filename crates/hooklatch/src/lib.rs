@@ -83,7 +83,7 @@ pub async fn open_store(
             if released > 0 {
                 tracing::info!(
                     released,
-                    "gave back the deliveries a gateway that stopped without finishing them still held; they are due now"
+                    "released the deliveries a gateway that did not stop cleanly held leased; they are due now"
                 );
             }
             Ok(OpenStore {
