@@ -529,7 +529,7 @@ struct BenchArgs {
     /// Send nothing: start the sink and wait (up to --sink-wait) for this many distinct events
     /// to arrive, a backlog the gateway already holds, then report how fast they came. Start
     /// it before the gateway; needs --sink-listen.
-    #[arg(long, value_name = "EVENTS", requires = "sink_listen", conflicts_with_all = ["baseline", "rate", "concurrency", "duration"])]
+    #[arg(long, value_name = "EVENTS", requires = "sink_listen", conflicts_with_all = ["baseline", "rate", "concurrency", "duration"], value_parser = clap::value_parser!(u64).range(1..))]
     drain: Option<u64>,
     /// Print the report as JSON.
     #[arg(long)]

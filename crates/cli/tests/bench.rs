@@ -240,7 +240,7 @@ fn bench_drain_counts_a_backlog_delivered_after_a_restart() {
 }
 
 #[test]
-fn bench_drain_needs_a_sink_address() {
+fn bench_drain_needs_a_sink_address_and_at_least_one_event() {
     let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
         .args(["bench", "--drain", "10"])
         .output()
@@ -248,4 +248,11 @@ fn bench_drain_needs_a_sink_address() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--sink-listen"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["bench", "--drain", "0", "--sink-listen", "127.0.0.1:9"])
+        .output()
+        .expect("running hooklatch bench");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--drain"), "{err}");
 }

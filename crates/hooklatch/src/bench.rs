@@ -1199,6 +1199,30 @@ mod tests {
     }
 
     #[test]
+    fn a_drain_counts_the_intervals_between_its_first_and_last_arrival() {
+        let report = DrainReport {
+            want: 1001,
+            delivered: 1001,
+            attempts: 1003,
+            span: Duration::from_millis(500),
+        };
+        // 1,001 arrivals over 0.5 s are 1,000 intervals: 2,000 events/s.
+        assert!((report.throughput() - 2000.0).abs() < 1e-6, "{report:?}");
+        assert!(report.complete());
+        let short = DrainReport {
+            delivered: 1000,
+            ..report.clone()
+        };
+        assert!(!short.complete());
+        let none = DrainReport {
+            delivered: 0,
+            span: Duration::ZERO,
+            ..report
+        };
+        assert_eq!(none.throughput(), 0.0);
+    }
+
+    #[test]
     fn the_plan_holds_every_event_once_plus_the_duplicates() {
         let p = plan(&opts(200, 0.1, 0)).unwrap();
         assert_eq!(p.duplicates(), 22);
