@@ -10,12 +10,25 @@
 //! Expected outcomes are values ([`Claim`]), not errors; [`StoreError`] means the store could
 //! not answer, and the gateway turns it into 503 so the provider retries.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use crate::id::{DeliveryId, EventKey, IdempotencyKey, RequestId, SourceName};
 use crate::time::Timestamp;
+
+/// Text as every store keeps it: NUL replaced by U+FFFD. PostgreSQL's `TEXT` cannot hold NUL,
+/// which Rust strings can (a percent-decoded path segment of a refused request, an event type
+/// from a JSON body's `\u0000`); replacing it rather than failing the write keeps a request
+/// the gateway has already judged from being answered 503 and retried for days.
+pub fn storable_text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{fffd}"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
 
 /// A header as received: name (lowercase) and raw value bytes.
 pub type Header = (String, Vec<u8>);
@@ -105,6 +118,19 @@ pub struct NewEvent {
     pub key: EventKey,
     /// The provider's event type, if any.
     pub event_type: Option<String>,
+}
+
+impl NewEvent {
+    /// An event as every store keeps it: its type as [`storable_text`], so the copy a store
+    /// writes, the copy read back for a retry and the copy handed to a worker in memory
+    /// (`Ingest::leased`) are the same text on every backend.
+    pub fn new(key: EventKey, event_type: Option<String>) -> NewEvent {
+        let event_type = event_type.map(|t| match storable_text(&t) {
+            Cow::Borrowed(_) => t,
+            Cow::Owned(replaced) => replaced,
+        });
+        NewEvent { key, event_type }
+    }
 }
 
 /// A verified request to record and claim.
@@ -655,4 +681,19 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether the store answers and accepts writes (for readiness).
     async fn ping(&self) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_type_is_kept_without_nul() {
+        assert!(matches!(storable_text("invoice.paid"), Cow::Borrowed(_)));
+        assert_eq!(storable_text("a\0b\0"), "a\u{fffd}b\u{fffd}");
+        let key = EventKey::parse("evt_1").unwrap();
+        let event = NewEvent::new(key.clone(), Some("invoice.\0paid".to_owned()));
+        assert_eq!(event.event_type.as_deref(), Some("invoice.\u{fffd}paid"));
+        assert_eq!(NewEvent::new(key, None).event_type, None);
+    }
 }

@@ -18,8 +18,6 @@
 //! re-checks the row under its lock, so two copies racing to replace one expired claim make
 //! one claim.
 
-use std::borrow::Cow;
-
 use hooklatch_core::store::{
     Claim, Ingest, IngestLease, IngestOutcome, KeyDecision, NewEvent, Rejected, RequestRecord,
     Verdict,
@@ -34,17 +32,8 @@ use hooklatch_core::headers;
 /// so this is never reached in practice.
 const CLAIM_TRIES: usize = 4;
 
-/// Text as PostgreSQL can store it: a `TEXT` value cannot hold NUL, which Rust strings (a
-/// percent-decoded source segment of a refused request, an event type from a JSON body) can.
-/// Replaced by U+FFFD rather than failing the write: that would answer 503 to a request the
-/// gateway has already judged, and the provider would retry it for days.
-pub(crate) fn text(s: &str) -> Cow<'_, str> {
-    if s.contains('\0') {
-        Cow::Owned(s.replace('\0', "\u{fffd}"))
-    } else {
-        Cow::Borrowed(s)
-    }
-}
+/// Text as PostgreSQL can store it (no NUL): [`hooklatch_core::store::storable_text`].
+pub(crate) use hooklatch_core::store::storable_text as text;
 
 /// The smallest `(source, key)` the ingest claims, the order jobs run in within a batch (jobs
 /// without keys, `None`, go first).

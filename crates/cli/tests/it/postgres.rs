@@ -411,3 +411,20 @@ async fn an_ingest_only_instance_queues_and_another_instance_delivers() {
     drop((front, back));
     db.drop_now().await;
 }
+
+/// The same text for an event type in every attempt on PostgreSQL, whose `TEXT` cannot hold
+/// the NUL the request carried (`retries::event_type_of_each_attempt`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_type_with_a_nul_reaches_every_attempt_alike_on_postgres() {
+    let Some(db) = Database::create().await else {
+        return;
+    };
+    let types = crate::retries::event_type_of_each_attempt(Options {
+        store_url: Some(db.url()),
+        ..Options::default()
+    })
+    .await;
+    let kept = Some("invoice.\u{fffd}paid".to_owned());
+    assert_eq!(types, vec![kept.clone(), kept]);
+    db.drop_now().await;
+}

@@ -5,8 +5,9 @@
 //! delivery delivered with those four attempts; that a destination that always fails gets
 //! exactly `max_attempts` attempts before the dead-letter, and that a retry through the admin
 //! API then delivers it with the same key (a second retry is refused: it is not dead); that a
-//! `Retry-After` is honoured as a floor on the next attempt; and that a redirect is a failure,
-//! never followed.
+//! `Retry-After` is honoured as a floor on the next attempt; that a redirect is a failure,
+//! never followed; and that an event type with a NUL reaches the first attempt and the retry
+//! as the same text (on PostgreSQL too, from `postgres.rs`).
 
 use std::time::Duration;
 
@@ -146,4 +147,44 @@ async fn a_redirect_from_the_destination_is_a_failure_and_is_not_followed() {
         received.iter().all(|r| r.path == "/webhooks"),
         "the Location was never requested: {received:#?}"
     );
+}
+
+/// An event type with a NUL in it (a JSON `\u0000`) is kept as every store can keep it, NUL
+/// replaced by U+FFFD, before anything is written: the first attempt (handed to the worker in
+/// memory while it is caught up) and the retry (read back from the store) carry the same
+/// `hooklatch-event-type`. On PostgreSQL the first attempt used to carry none. Returns the
+/// header of each attempt, in order.
+pub(crate) async fn event_type_of_each_attempt(options: Options) -> Vec<Option<String>> {
+    let handler = Handler::start(Behaviour::FailFirst(1)).await;
+    let gw = Gateway::start_with(&handler, options).await;
+    let event_id = unique("evt_nul_type");
+    let body = format!(
+        r#"{{"id":"{event_id}","object":"event","type":"invoice.\u0000paid","data":{{"object":{{"id":"in_1"}}}}}}"#
+    )
+    .into_bytes();
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    let key = format!("stripe:{event_id}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    let mut attempts = handler.received_for(&key);
+    attempts.sort_by_key(|r| r.attempt);
+    attempts
+        .iter()
+        .map(|r| {
+            r.headers
+                .get("hooklatch-event-type")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_type_with_a_nul_reaches_every_attempt_alike() {
+    let types = event_type_of_each_attempt(Options::default()).await;
+    let kept = Some("invoice.\u{fffd}paid".to_owned());
+    assert_eq!(types, vec![kept.clone(), kept]);
 }

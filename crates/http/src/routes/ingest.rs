@@ -242,10 +242,7 @@ async fn accept(
         request: record,
         events: events
             .into_iter()
-            .map(|e| NewEvent {
-                key: e.key,
-                event_type: e.event_type,
-            })
+            .map(|e| NewEvent::new(e.key, e.event_type))
             .collect(),
         destinations: source.destinations.clone(),
         retention: source.retention,
