@@ -623,8 +623,10 @@ pub trait Store: Send + Sync + 'static {
         Ok(self.lease_due(&owner, now, lease, 1).await?.pop())
     }
 
-    /// Gives back every lease `owner` holds (graceful shutdown), making the rows due again.
-    async fn release_leases(&self, owner: &str) -> Result<(), StoreError>;
+    /// Gives back every lease `owner` holds that is still running at `now` (graceful
+    /// shutdown), making the rows due again. A lease that has ended needs no release: its row
+    /// is due already.
+    async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError>;
 
     /// The earliest time a pending, unleased delivery becomes due, if any.
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError>;

@@ -194,7 +194,11 @@ impl Worker {
             );
             in_flight.abort_all();
         }
-        if let Err(err) = this.store.release_leases(&this.owner).await {
+        if let Err(err) = this
+            .store
+            .release_leases(&this.owner, Timestamp::now())
+            .await
+        {
             tracing::warn!(%err, "could not release leases; they expire by themselves");
         }
     }
@@ -580,8 +584,8 @@ mod tests {
                 .record_attempt_and_lease(result, now, lease)
                 .await
         }
-        async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
-            self.inner.release_leases(owner).await
+        async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
+            self.inner.release_leases(owner, now).await
         }
         async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
             self.inner.next_due().await

@@ -320,8 +320,8 @@ impl Store for PostgresStore {
         self.attempt(result, Some((now, lease))).await
     }
 
-    async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
-        outbox::release_leases(self.pool(), owner)
+    async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
+        outbox::release_leases(self.pool(), owner, now)
             .await
             .map_err(map_err)
     }

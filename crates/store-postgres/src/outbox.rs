@@ -328,15 +328,25 @@ static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-pub(crate) async fn release_leases(pool: &PgPool, owner: &str) -> Result<(), sqlx::Error> {
+/// Gives back the owner's leases still running at `now`. A running lease sorts after `now`
+/// in the ready index, so this reads only leased rows and the retries scheduled later, never
+/// the backlog that is due (there is no index of leased rows: every lease would write an
+/// entry into it). A lease already ended needs no release: its row is takeable.
+pub(crate) async fn release_leases(
+    pool: &PgPool,
+    owner: &str,
+    now: Timestamp,
+) -> Result<(), sqlx::Error> {
     sqlx::query(&format!(
         "WITH released AS (
             UPDATE deliveries SET lease_owner = NULL, lease_until = NULL
-            WHERE lease_owner = $1 AND state = 'pending'
+            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) > $2
+              AND lease_owner = $1
             RETURNING 1)
          SELECT pg_notify('{WORK_CHANNEL}', '')::text FROM (SELECT 1 FROM released LIMIT 1) AS any_released"
     ))
     .bind(owner)
+    .bind(now.0)
     .execute(pool)
     .await?;
     Ok(())

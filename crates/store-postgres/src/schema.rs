@@ -141,6 +141,24 @@ EXCEPTION WHEN feature_not_supported OR syntax_error THEN
     RAISE NOTICE 'lz4 is not available here: request bodies keep the default compression';
 END $$;
 "#,
+    // 5: fewer index entries per event. A delivery row is updated at its lease and at its
+    // attempt, and each update changes indexed columns, so PostgreSQL writes a new entry for it
+    // into every index of the table (no heap-only update). The index of leased rows served only
+    // an instance's release of its own leases at shutdown, which now reads the ready index
+    // (leased rows sort after "now" in it); the index of every row by state served the history
+    // filter and the outbox counts, which read pending rows through the ready index and dead
+    // rows through an index of dead rows alone. Requests are filtered by verdict through an
+    // index without the accepted ones, which are most of them: a filter on `accepted` walks the
+    // primary key. Counted in the WAL (`pg_walinspect`, 20,000 events of 2 KB): a backlog's
+    // drain wrote 8.5 index entries per event before, 6.0 after, and 19 % fewer WAL bytes;
+    // ingest alone 10.5 per request before, 8.7 after.
+    r#"
+DROP INDEX deliveries_leased;
+DROP INDEX deliveries_state;
+CREATE INDEX deliveries_dead ON deliveries (id) WHERE state = 'dead';
+DROP INDEX requests_verdict;
+CREATE INDEX requests_verdict ON requests (verdict, id) WHERE verdict <> 'accepted';
+"#,
 ];
 
 /// The schema version this build writes.

@@ -12,12 +12,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hooklatch_core::store::{AttemptNext, AttemptResult, DeliveryFilter, DeliveryState, Verdict};
+use hooklatch_core::store::{
+    AttemptNext, AttemptResult, DeliveryFilter, DeliveryState, RequestFilter, Verdict,
+};
 use hooklatch_core::{Claim, DeliveryId, RequestId, Store, StoreError};
 use hooklatch_store_postgres::{schema, PgOptions, PostgresStore};
 use hooklatch_testkit::conformance::fixture::{
     all_deliveries, all_requests, at, attempt, deliveries_with_key, delivery, idempotency_key,
-    ingest, new_deliveries, requests_with_key, sha256, ALL, DESTINATIONS, RETENTION, T0, WORKER,
+    ingest, new_deliveries, rejection, requests_with_key, sha256, ALL, DESTINATIONS, RETENTION, T0,
+    WORKER,
 };
 use sqlx::{Executor, PgConnection, Row};
 use support::{with_param, TestDb};
@@ -603,6 +606,114 @@ async fn attempts_never_scan_the_deliveries_table() {
     );
 }
 
+/// The history's filters by state and by verdict, the outbox counts and an instance's release
+/// of its leases each have an index to read. Schema 5 took the index of leased rows and the
+/// index of every row by state off the deliveries (every lease and every attempt wrote an
+/// entry into each), and the accepted requests out of the index by verdict. Sessions here may
+/// plan a sequential scan only where nothing else serves, so a scan counted here is a query
+/// left without an index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_filters_counts_and_releases_read_an_index() {
+    let Some(base) = support::base_url("the history plan test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    db.raw()
+        .await
+        .execute(format!("ALTER DATABASE {} SET enable_seqscan = off", db.name).as_str())
+        .await
+        .expect("ALTER DATABASE");
+    let store = db.store().await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let outcome = store
+            .ingest(ingest(SOURCE, &[&format!("evt_k{i}")], BODY, at(1)))
+            .await
+            .expect("ingest");
+        ids.extend(new_deliveries(&outcome));
+    }
+    store
+        .record_rejection(rejection(SOURCE, BODY, at(1), "invalid_signature", 401))
+        .await
+        .expect("record_rejection");
+    let leased = store
+        .lease_due(WORKER, at(2), Duration::from_secs(60), 100)
+        .await
+        .expect("lease_due");
+    assert_eq!(leased.len(), ids.len());
+    let delivered = attempt(ids[0], at(3), Some(200), None, AttemptNext::Delivered);
+    let dead = attempt(
+        ids[1],
+        at(3),
+        Some(500),
+        Some("HTTP 500"),
+        AttemptNext::DeadLetter,
+    );
+    for result in [delivered, dead] {
+        store.record_attempt(result).await.expect("record_attempt");
+    }
+    let before = counted_when(&db, |c| {
+        c.requests_inserted >= 4 && c.attempts_inserted >= 2
+    })
+    .await;
+
+    let listed = |state| DeliveryFilter {
+        state: Some(state),
+        limit: 10,
+        ..DeliveryFilter::default()
+    };
+    let pending: Vec<DeliveryId> = ids[2..].to_vec();
+    for (state, expected) in [
+        (DeliveryState::Dead, vec![ids[1]]),
+        (DeliveryState::Delivered, vec![ids[0]]),
+        (
+            DeliveryState::Pending,
+            pending.iter().rev().copied().collect(),
+        ),
+    ] {
+        let found = store.list_deliveries(listed(state)).await.expect("list");
+        let found: Vec<DeliveryId> = found.iter().map(|d| d.id).collect();
+        assert_eq!(found, expected, "{state:?}, newest first");
+    }
+    let counts = store.outbox_counts().await.expect("outbox_counts");
+    assert_eq!((counts.pending, counts.dead), (pending.len() as u64, 1));
+    store
+        .release_leases(WORKER, at(3))
+        .await
+        .expect("release_leases");
+    let taken = store
+        .lease_due("worker-b", at(3), Duration::from_secs(60), 10)
+        .await
+        .expect("lease_due");
+    assert_eq!(
+        taken.iter().map(|d| d.id).collect::<Vec<_>>(),
+        pending,
+        "the released leases are due at once"
+    );
+    for (verdict, n) in [(Verdict::Rejected, 1), (Verdict::Accepted, 3)] {
+        let filter = RequestFilter {
+            verdict: Some(verdict),
+            limit: 10,
+            ..RequestFilter::default()
+        };
+        let found = store.list_requests(filter).await.expect("list_requests");
+        assert_eq!(found.len(), n, "{verdict:?}");
+    }
+
+    // At least one index scan each: three lists, two counts, the release and the lease
+    // of deliveries; two lists of requests (and the lease's read of its request).
+    let after = counted_when(&db, |c| {
+        c.deliveries_index_scans >= before.deliveries_index_scans + 7
+            && c.requests_index_scans >= before.requests_index_scans + 3
+    })
+    .await;
+    assert_eq!(
+        (after.deliveries_seq_scans, after.requests_seq_scans),
+        (before.deliveries_seq_scans, before.requests_seq_scans),
+        "a query scanned the deliveries or the requests table"
+    );
+}
+
 /// Copies whose keys are held by a claim the batched statement can see (an earlier copy in
 /// the same statement, or a live claim committed before it) get their verdicts in that
 /// statement: duplicate or conflict as the bodies say, and no request row written twice.
@@ -691,6 +802,9 @@ struct TableCounts {
     deliveries_seq_scans: i64,
     attempts_inserted: i64,
     requests_updated: i64,
+    requests_seq_scans: i64,
+    deliveries_index_scans: i64,
+    requests_index_scans: i64,
 }
 
 /// The counts once `requests` inserted PostgreSQL's statistics hold: the writer's sessions
@@ -722,7 +836,10 @@ async fn table_counts(db: &TestDb) -> TableCounts {
                 COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'requests'), 0),
                 COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'deliveries'), 0),
                 COALESCE((SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'attempts'), 0),
-                COALESCE((SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'requests'), 0)",
+                COALESCE((SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'requests'), 0),
+                COALESCE((SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'requests'), 0),
+                COALESCE((SELECT idx_scan FROM pg_stat_user_tables WHERE relname = 'deliveries'), 0),
+                COALESCE((SELECT idx_scan FROM pg_stat_user_tables WHERE relname = 'requests'), 0)",
     )
     .fetch_one(&mut db.raw().await)
     .await
@@ -733,6 +850,9 @@ async fn table_counts(db: &TestDb) -> TableCounts {
         deliveries_seq_scans: row.get(2),
         attempts_inserted: row.get(3),
         requests_updated: row.get(4),
+        requests_seq_scans: row.get(5),
+        deliveries_index_scans: row.get(6),
+        requests_index_scans: row.get(7),
     }
 }
 

@@ -369,9 +369,9 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
+    async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
         let owner = owner.to_owned();
-        self.write(Room::All, move |tx| outbox::release_leases(tx, &owner))
+        self.write(Room::All, move |tx| outbox::release_leases(tx, &owner, now))
             .await
     }
 

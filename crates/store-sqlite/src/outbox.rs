@@ -140,14 +140,25 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
     Ok(())
 }
 
-pub(crate) fn release_leases(conn: &Connection, owner: &str) -> rusqlite::Result<()> {
-    conn.execute(
-        "UPDATE deliveries SET lease_owner = NULL, lease_until = NULL
-         WHERE lease_owner = ?1 AND state = 'pending'",
-        [owner],
-    )?;
+/// Gives back `owner`'s leases still running at `now` (a graceful shutdown). Like
+/// [`release_every_lease`], it reads only the rows ready after `now` in the ready index, never
+/// the backlog that is due; a lease that has ended needs no release.
+pub(crate) fn release_leases(
+    conn: &Connection,
+    owner: &str,
+    now: Timestamp,
+) -> rusqlite::Result<()> {
+    conn.execute(RELEASE_LEASES, rusqlite::params![now.0, owner])?;
     Ok(())
 }
+
+const RELEASE_LEASES: &str = concat!(
+    "UPDATE deliveries SET lease_owner = NULL, lease_until = NULL WHERE id IN (
+        SELECT id FROM deliveries INDEXED BY deliveries_ready
+        WHERE state = 'pending' AND lease_owner = ?2 AND ",
+    ready_at!(),
+    " > ?1)"
+);
 
 /// Gives back every lease still running at `now`, whoever holds it: for a gateway that has just
 /// taken the file for itself ([`crate::serving`]), every such lease belongs to a process that
@@ -266,7 +277,7 @@ pub(crate) fn redeliver(
 mod tests {
     use rusqlite::Connection;
 
-    use super::{LEASE_DUE, NEXT_DUE, RELEASE_EVERY_LEASE};
+    use super::{LEASE_DUE, NEXT_DUE, RELEASE_EVERY_LEASE, RELEASE_LEASES};
 
     fn plan(sql: &str, params: impl rusqlite::Params) -> String {
         let conn = Connection::open_in_memory().expect("an in-memory database");
@@ -300,10 +311,14 @@ mod tests {
     }
 
     #[test]
-    fn releasing_every_lease_reads_only_rows_ready_later() {
-        let plan = plan(RELEASE_EVERY_LEASE, [1]);
-        assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
-        assert!(!plan.contains("SCAN deliveries"), "{plan}");
+    fn releasing_leases_reads_only_rows_ready_later() {
+        for plan in [
+            plan(RELEASE_EVERY_LEASE, rusqlite::params![1]),
+            plan(RELEASE_LEASES, rusqlite::params![1, "w"]),
+        ] {
+            assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
+            assert!(!plan.contains("SCAN deliveries"), "{plan}");
+        }
     }
 
     #[test]

@@ -327,10 +327,13 @@ impl State {
         }
     }
 
-    fn release_leases(&mut self, owner: &str) {
+    fn release_leases(&mut self, owner: &str, now: Timestamp) {
         for delivery in self.deliveries.values_mut() {
             if delivery.state == DeliveryState::Pending
-                && delivery.lease.as_ref().is_some_and(|l| l.owner == owner)
+                && delivery
+                    .lease
+                    .as_ref()
+                    .is_some_and(|l| l.owner == owner && l.until > now)
             {
                 delivery.lease = None;
             }
@@ -593,8 +596,8 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    async fn release_leases(&self, owner: &str) -> Result<(), StoreError> {
-        self.state().release_leases(owner);
+    async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
+        self.state().release_leases(owner, now);
         Ok(())
     }
 

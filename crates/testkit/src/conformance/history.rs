@@ -515,7 +515,7 @@ pub async fn purge_removes_old_finished_history_with_its_deliveries<S: Store>(st
         record(&store, *id, at(3), AttemptNext::Delivered).await;
     }
     store
-        .release_leases("worker-a")
+        .release_leases("worker-a", at(3))
         .await
         .expect("release_leases");
 

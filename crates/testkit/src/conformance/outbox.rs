@@ -151,12 +151,12 @@ pub async fn released_leases_can_be_leased_again_at_once<S: Store>(store: S) {
     let rows: BTreeSet<_> = one_event(&store, "evt_1", T0).await.into_iter().collect();
     assert_eq!(ids(&lease(&store, "worker-a", T0, 10).await), rows);
     store
-        .release_leases("worker-b")
+        .release_leases("worker-b", T0)
         .await
         .expect("release_leases");
     assert!(lease(&store, "worker-c", T0, 10).await.is_empty());
     store
-        .release_leases("worker-a")
+        .release_leases("worker-a", T0)
         .await
         .expect("release_leases");
     assert_eq!(ids(&lease(&store, "worker-c", T0, 10).await), rows);
