@@ -25,6 +25,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,6 +93,26 @@ pub struct Worker {
     pub(crate) enqueued: Arc<Notify>,
     /// New deliveries handed over by ingest, leased to this worker already.
     pub(crate) handoff: Arc<Handoff>,
+    /// Set by a task whose attempt scheduled a retry: the store's next due time may now be
+    /// earlier than the one the dispatcher last heard ([`NextDue`]).
+    pub(crate) retry_scheduled: AtomicBool,
+}
+
+/// How long the dispatcher goes on using the store's answer to "when is the next row due?"
+/// while that time is still ahead: between two answers, a row due sooner can only come from
+/// this worker's own retries (which make it ask again at once, [`Worker::retry_scheduled`]),
+/// from new events (which wake it through the hand-off or the `enqueued` signal whatever the
+/// answer), or from elsewhere — a lease run out on another instance, a redrive — found this
+/// much later at most. Asking after every task, as before, was one more store query for every
+/// event delivered through the hand-off (PostgreSQL, 500 events/s: 1,988 of the 8,251
+/// statements of 2,222 requests).
+const NEXT_DUE_REUSE: Duration = Duration::from_millis(250);
+
+/// The store's last answer to [`Store::next_due`], and when it was given.
+#[derive(Clone, Copy)]
+struct NextDue {
+    asked: Instant,
+    due: Option<Timestamp>,
 }
 
 impl Worker {
@@ -115,6 +136,7 @@ impl Worker {
         // woke the dispatcher while the store had nothing due at its last look (new events
         // come through the hand-off then, and a wasted lease is a write).
         let mut look = true;
+        let mut next_due: Option<NextDue> = None;
         loop {
             if cancel.is_cancelled() {
                 break;
@@ -168,7 +190,10 @@ impl Worker {
             // After a failed lease (a full store, a lost connection) the due rows are still due:
             // the next try waits the poll interval instead of following at once.
             let sleep = this
-                .time_to_next_due(leased_all || free == 0 || lease_failed || any_handed)
+                .time_to_next_due(
+                    leased_all || free == 0 || lease_failed || any_handed,
+                    &mut next_due,
+                )
                 .await;
             look = tokio::select! {
                 _ = cancel.cancelled() => break,
@@ -203,14 +228,37 @@ impl Worker {
         }
     }
 
-    async fn time_to_next_due(&self, busy: bool) -> Duration {
+    /// How long the dispatcher may sleep: the poll interval, or less when the store holds a
+    /// row due sooner. The store's answer is used again while it is recent, the time it gave
+    /// is still ahead, and no task has scheduled a retry since ([`NEXT_DUE_REUSE`]).
+    async fn time_to_next_due(&self, busy: bool, known: &mut Option<NextDue>) -> Duration {
         if busy {
             return self.poll_interval;
         }
-        match self.store.next_due().await {
-            Ok(Some(at)) => at.since(Timestamp::now()).min(self.poll_interval),
-            _ => self.poll_interval,
-        }
+        let now = Timestamp::now();
+        let retried = self.retry_scheduled.swap(false, Ordering::Relaxed);
+        let reusable = known.filter(|k| {
+            !retried && k.asked.elapsed() < NEXT_DUE_REUSE && k.due.is_none_or(|at| at.0 > now.0)
+        });
+        let due = match reusable {
+            Some(k) => k.due,
+            None => match self.store.next_due().await {
+                Ok(due) => {
+                    *known = Some(NextDue {
+                        asked: Instant::now(),
+                        due,
+                    });
+                    due
+                }
+                Err(_) => {
+                    *known = None;
+                    None
+                }
+            },
+        };
+        due.map_or(self.poll_interval, |at| {
+            at.since(Timestamp::now()).min(self.poll_interval)
+        })
     }
 
     /// One delivery task: attempts its delivery, then goes on while there is work. Each
@@ -255,11 +303,19 @@ impl Worker {
                 self.record(result).await;
                 break;
             }
-            recording = Some(self.store.record_attempt_and_lease(
-                result,
-                Timestamp::now(),
-                self.lease,
-            ));
+            // A retry, once committed, may be due before the dispatcher's last answer from
+            // the store: it asks again.
+            let retry = matches!(result.next, AttemptNext::RetryAt(_));
+            let record = self
+                .store
+                .record_attempt_and_lease(result, Timestamp::now(), self.lease);
+            recording = Some(Box::pin(async move {
+                let recorded = record.await;
+                if retry {
+                    self.retry_scheduled.store(true, Ordering::Relaxed);
+                }
+                recorded
+            }));
         }
     }
 
@@ -532,6 +588,7 @@ mod tests {
         /// Every lease fails as a full store would, when set.
         full: bool,
         leases: AtomicUsize,
+        next_dues: AtomicUsize,
     }
 
     #[async_trait::async_trait]
@@ -588,6 +645,7 @@ mod tests {
             self.inner.release_leases(owner, now).await
         }
         async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
+            self.next_dues.fetch_add(1, Ordering::SeqCst);
             self.inner.next_due().await
         }
         async fn list_requests(
@@ -660,6 +718,7 @@ mod tests {
             recording: AtomicUsize::new(0),
             full,
             leases: AtomicUsize::new(0),
+            next_dues: AtomicUsize::new(0),
         };
         for key in keys {
             store.ingest(app_ingest(key)).await.unwrap();
@@ -696,6 +755,7 @@ mod tests {
                 concurrency,
                 enqueued,
             )),
+            retry_scheduled: AtomicBool::new(false),
         }
     }
 
@@ -842,6 +902,62 @@ mod tests {
             "no lease beyond the first look"
         );
         assert_eq!(store.recording.load(Ordering::SeqCst), 2, "one write each");
+        cancel.cancel();
+        running.await.unwrap();
+    }
+
+    /// Hands `n` events, one after the other, to a caught-up worker and waits for each to
+    /// be delivered, with a pause after each.
+    async fn hand_off_one_by_one(store: &SlowCommits, handoff: &Arc<Handoff>, n: usize) {
+        for i in 0..n {
+            let mut ingest = app_ingest(&format!("evt_{i}"));
+            let reservation = handoff
+                .reserve(ingest.most_deliveries(), ingest.request.received_at)
+                .expect("caught up, with room");
+            ingest.lease = Some(reservation.lease.clone());
+            let outcome = store.ingest(ingest.clone()).await.unwrap();
+            reservation.fulfil(&ingest, &outcome);
+            eventually("the event was delivered", || {
+                delivered(&store.inner) == i + 1
+            })
+            .await;
+            // Time for the task to end, as it does between events that do not come back to
+            // back.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Each handed-off event ends a task, and the dispatcher then works out how long it may
+    /// sleep: it uses the store's recent answer to "when is the next row due?" instead of
+    /// asking again after every event.
+    #[tokio::test]
+    async fn the_dispatcher_does_not_ask_for_the_next_due_time_after_every_event() {
+        let (url, received) = counting_sink().await;
+        let store = Arc::new(slow_commits(false, &[]).await);
+        store.commits.add_permits(1000);
+        let worker = worker(store.clone(), &url, 4, Duration::from_secs(60));
+        let handoff = worker.handoff.clone();
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+        eventually("the worker found nothing due", || handoff.caught_up()).await;
+
+        let started = Instant::now();
+        let events = 30;
+        hand_off_one_by_one(&store, &handoff, events).await;
+        let asked = store.next_dues.load(Ordering::SeqCst);
+        // One answer per NEXT_DUE_REUSE at most, and the first; asking after every event
+        // would be one per event.
+        let allowed = 2 + (started.elapsed().as_millis() / NEXT_DUE_REUSE.as_millis()) as usize;
+        assert!(
+            asked <= allowed,
+            "asked {asked} times for {events} events in {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            received.load(Ordering::SeqCst),
+            events,
+            "nothing was sent twice"
+        );
         cancel.cancel();
         running.await.unwrap();
     }

@@ -283,6 +283,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         lease,
         enqueued: enqueued.clone(),
         handoff,
+        retry_scheduled: Default::default(),
     };
 
     let stop_serving = CancellationToken::new();
