@@ -868,33 +868,10 @@ mod tests {
     #[tokio::test]
     async fn a_caught_up_worker_attempts_handed_off_events_without_leasing_them() {
         let (url, received) = counting_sink().await;
-        let store = Arc::new(slow_commits(false, &[]).await);
-        store.commits.add_permits(100);
-        let worker = worker(store.clone(), &url, 2, Duration::from_secs(60));
-        let handoff = worker.handoff.clone();
-        let cancel = CancellationToken::new();
-        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
-        eventually("the worker found nothing due", || handoff.caught_up()).await;
+        let (store, handoff, cancel, running) = caught_up_worker(&url, 2).await;
         assert_eq!(store.leases.load(Ordering::SeqCst), 1);
 
-        for key in ["evt_1", "evt_2"] {
-            let mut ingest = app_ingest(key);
-            let reservation = handoff
-                .reserve(ingest.most_deliveries(), ingest.request.received_at)
-                .expect("caught up, with room");
-            ingest.lease = Some(reservation.lease.clone());
-            let outcome = store.ingest(ingest.clone()).await.unwrap();
-            reservation.fulfil(&ingest, &outcome);
-            eventually("the event was delivered", || {
-                delivered(&store.inner) == received.load(Ordering::SeqCst)
-                    && received.load(Ordering::SeqCst) > 0
-            })
-            .await;
-        }
-        eventually("both events were delivered", || {
-            delivered(&store.inner) == 2
-        })
-        .await;
+        hand_off_one_by_one(&store, &handoff, 2).await;
         assert_eq!(received.load(Ordering::SeqCst), 2, "nothing was sent twice");
         assert_eq!(
             store.leases.load(Ordering::SeqCst),
@@ -904,6 +881,27 @@ mod tests {
         assert_eq!(store.recording.load(Ordering::SeqCst), 2, "one write each");
         cancel.cancel();
         running.await.unwrap();
+    }
+
+    /// A worker delivering to `url` with `concurrency` tasks, on a store with nothing due
+    /// and commits let through, once its first look at the store found it caught up.
+    async fn caught_up_worker(
+        url: &str,
+        concurrency: usize,
+    ) -> (
+        Arc<SlowCommits>,
+        Arc<Handoff>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let store = Arc::new(slow_commits(false, &[]).await);
+        store.commits.add_permits(1000);
+        let worker = worker(store.clone(), url, concurrency, Duration::from_secs(60));
+        let handoff = worker.handoff.clone();
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+        eventually("the worker found nothing due", || handoff.caught_up()).await;
+        (store, handoff, cancel, running)
     }
 
     /// Hands `n` events, one after the other, to a caught-up worker and waits for each to
@@ -933,13 +931,7 @@ mod tests {
     #[tokio::test]
     async fn the_dispatcher_does_not_ask_for_the_next_due_time_after_every_event() {
         let (url, received) = counting_sink().await;
-        let store = Arc::new(slow_commits(false, &[]).await);
-        store.commits.add_permits(1000);
-        let worker = worker(store.clone(), &url, 4, Duration::from_secs(60));
-        let handoff = worker.handoff.clone();
-        let cancel = CancellationToken::new();
-        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
-        eventually("the worker found nothing due", || handoff.caught_up()).await;
+        let (store, handoff, cancel, running) = caught_up_worker(&url, 4).await;
 
         let started = Instant::now();
         let events = 30;
