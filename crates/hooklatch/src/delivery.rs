@@ -197,7 +197,12 @@ impl Worker {
                 .await;
             look = tokio::select! {
                 _ = cancel.cancelled() => break,
+                // Rows written due (an ingest not handed over, another instance's, a
+                // redrive): ask the store.
                 _ = this.enqueued.notified() => true,
+                // Handed over: taken at the top of the loop, by the dispatcher or by a task
+                // that got there first; the store has nothing new for a caught-up worker.
+                _ = this.handoff.handed() => !this.handoff.caught_up(),
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
                     if let Err(err) = joined {
                         tracing::error!(%err, "a delivery task panicked");
@@ -748,12 +753,11 @@ mod tests {
             concurrency,
             poll_interval: poll,
             lease: Duration::from_secs(60),
-            enqueued: enqueued.clone(),
+            enqueued,
             handoff: Arc::new(Handoff::new(
                 "test-worker".to_owned(),
                 Duration::from_secs(60),
                 concurrency,
-                enqueued,
             )),
             retry_scheduled: AtomicBool::new(false),
         }
@@ -904,17 +908,23 @@ mod tests {
         (store, handoff, cancel, running)
     }
 
+    /// Ingests one event for a caught-up worker with its delivery written leased to it, and
+    /// hands the delivery over, as the ingest route does.
+    async fn hand_off(store: &SlowCommits, handoff: &Arc<Handoff>, key: &str) {
+        let mut ingest = app_ingest(key);
+        let reservation = handoff
+            .reserve(ingest.most_deliveries(), ingest.request.received_at)
+            .expect("caught up, with room");
+        ingest.lease = Some(reservation.lease.clone());
+        let outcome = store.ingest(ingest.clone()).await.unwrap();
+        reservation.fulfil(&ingest, &outcome);
+    }
+
     /// Hands `n` events, one after the other, to a caught-up worker and waits for each to
     /// be delivered, with a pause after each.
     async fn hand_off_one_by_one(store: &SlowCommits, handoff: &Arc<Handoff>, n: usize) {
         for i in 0..n {
-            let mut ingest = app_ingest(&format!("evt_{i}"));
-            let reservation = handoff
-                .reserve(ingest.most_deliveries(), ingest.request.received_at)
-                .expect("caught up, with room");
-            ingest.lease = Some(reservation.lease.clone());
-            let outcome = store.ingest(ingest.clone()).await.unwrap();
-            reservation.fulfil(&ingest, &outcome);
+            hand_off(store, handoff, &format!("evt_{i}")).await;
             eventually("the event was delivered", || {
                 delivered(&store.inner) == i + 1
             })
@@ -950,6 +960,39 @@ mod tests {
             events,
             "nothing was sent twice"
         );
+        cancel.cancel();
+        running.await.unwrap();
+    }
+
+    /// A delivery handed over while a task is still busy may be taken by that task before the
+    /// dispatcher wakes: the dispatcher, finding nothing, does not then ask the store for a
+    /// lease (the store has nothing new for a caught-up worker; on PostgreSQL an empty lease
+    /// is a statement and a transaction of its own, and at 1,500 events/s there was one for
+    /// most ingest batches).
+    #[tokio::test]
+    async fn a_hand_off_a_task_took_first_does_not_make_the_dispatcher_lease() {
+        let (url, received) = counting_sink().await;
+        let (store, handoff, cancel, running) = caught_up_worker(&url, 4).await;
+        assert_eq!(store.leases.load(Ordering::SeqCst), 1, "the first look");
+
+        // Handed over, then taken (as a busy task takes it) before the dispatcher runs.
+        hand_off(&store, &handoff, "evt_taken").await;
+        assert_eq!(handoff.take(1, Timestamp::now()).len(), 1);
+        // The dispatcher wakes (this test's runtime has one thread: it runs now) and finds
+        // the queue empty.
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            store.leases.load(Ordering::SeqCst),
+            1,
+            "no lease after a hand-off taken elsewhere"
+        );
+
+        // The worker still delivers what is handed over.
+        hand_off_one_by_one(&store, &handoff, 1).await;
+        assert_eq!(received.load(Ordering::SeqCst), 1);
+        assert_eq!(store.leases.load(Ordering::SeqCst), 1);
         cancel.cancel();
         running.await.unwrap();
     }

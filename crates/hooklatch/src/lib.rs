@@ -207,7 +207,6 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         owner.clone(),
         lease,
         settings.delivery.concurrency,
-        enqueued.clone(),
     ));
     let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
         store: store.clone(),

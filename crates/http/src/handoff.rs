@@ -37,7 +37,7 @@ pub struct Handoff {
     caught_up: AtomicBool,
     /// The worker stopped: no more hand-offs.
     closed: AtomicBool,
-    /// Wakes the worker's dispatcher.
+    /// Wakes the worker's dispatcher when deliveries are handed over ([`Handoff::handed`]).
     wake: Arc<Notify>,
 }
 
@@ -51,9 +51,9 @@ struct Queue {
 
 impl Handoff {
     /// A hand-off to the worker `owner`, leasing for `lease`, holding at most `capacity`
-    /// deliveries (waiting or reserved); `wake` wakes the worker's dispatcher. It starts not
-    /// caught up: the worker's first look at the store decides.
-    pub fn new(owner: String, lease: Duration, capacity: usize, wake: Arc<Notify>) -> Handoff {
+    /// deliveries (waiting or reserved). It starts not caught up: the worker's first look at
+    /// the store decides.
+    pub fn new(owner: String, lease: Duration, capacity: usize) -> Handoff {
         Handoff {
             owner,
             lease,
@@ -61,8 +61,16 @@ impl Handoff {
             state: Mutex::new(Queue::default()),
             caught_up: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            wake,
+            wake: Arc::new(Notify::new()),
         }
+    }
+
+    /// Returns once deliveries were handed over since the last call (at once if some were
+    /// meanwhile). The worker's dispatcher waits on it, apart from the signal for rows written
+    /// due: a task of the worker may take a handed-over delivery first, and the dispatcher
+    /// then has nothing to ask the store for.
+    pub async fn handed(&self) {
+        self.wake.notified().await;
     }
 
     fn queue(&self) -> std::sync::MutexGuard<'_, Queue> {
@@ -176,7 +184,6 @@ mod tests {
             "w1".to_owned(),
             Duration::from_secs(60),
             capacity,
-            Arc::new(Notify::new()),
         ))
     }
 
