@@ -908,6 +908,14 @@ mod tests {
         (store, handoff, cancel, running)
     }
 
+    /// Lets every other task of this test's one-thread runtime run until it waits on
+    /// something outside it (a socket, a timer).
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// Ingests one event for a caught-up worker with its delivery written leased to it, and
     /// hands the delivery over, as the ingest route does.
     async fn hand_off(store: &SlowCommits, handoff: &Arc<Handoff>, key: &str) {
@@ -921,7 +929,7 @@ mod tests {
     }
 
     /// Hands `n` events, one after the other, to a caught-up worker and waits for each to
-    /// be delivered, with a pause after each.
+    /// be delivered and its task to end.
     async fn hand_off_one_by_one(store: &SlowCommits, handoff: &Arc<Handoff>, n: usize) {
         for i in 0..n {
             hand_off(store, handoff, &format!("evt_{i}")).await;
@@ -929,9 +937,10 @@ mod tests {
                 delivered(&store.inner) == i + 1
             })
             .await;
-            // Time for the task to end, as it does between events that do not come back to
-            // back.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // The task ends once its attempt is recorded, as it does between events that do
+            // not come back to back; the dispatcher then takes its turn (this test's runtime
+            // has one thread: yielding runs it).
+            settle().await;
         }
     }
 
@@ -980,9 +989,7 @@ mod tests {
         assert_eq!(handoff.take(1, Timestamp::now()).len(), 1);
         // The dispatcher wakes (this test's runtime has one thread: it runs now) and finds
         // the queue empty.
-        for _ in 0..20 {
-            tokio::task::yield_now().await;
-        }
+        settle().await;
         assert_eq!(
             store.leases.load(Ordering::SeqCst),
             1,
