@@ -67,8 +67,13 @@ fn requests_query(filter: &RequestFilter) -> (String, Vec<Value>) {
         args.push(Value::Text(source.clone()));
     }
     if let Some(verdict) = filter.verdict {
-        sql.push_str(" AND verdict = ?");
-        args.push(Value::Text(verdict.as_str().to_owned()));
+        // A literal (the enum's fixed name), not a parameter. The index of verdicts leaves out
+        // `accepted` (schema 5), and SQLite uses a partial index only where the query repeats
+        // its `WHERE` term word for word.
+        sql.push_str(&format!(" AND verdict = '{}'", verdict.as_str()));
+        if verdict != Verdict::Accepted {
+            sql.push_str(" AND verdict <> 'accepted'");
+        }
     }
     if let Some(key) = &filter.key {
         // The request each source's claim of the key points at, and the others that carry it.
@@ -185,11 +190,28 @@ pub(crate) fn list_deliveries(
     conn: &Connection,
     filter: &DeliveryFilter,
 ) -> rusqlite::Result<Vec<DeliveryDetail>> {
-    let mut sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries WHERE 1 = 1");
+    let (sql, args) = deliveries_query(filter);
+    let mut stmt = conn.prepare(&sql)?;
+    let deliveries = stmt
+        .query_map(params_from_iter(args), delivery)?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    with_attempts(conn, deliveries)
+}
+
+/// The statement behind [`list_deliveries`] and its arguments.
+fn deliveries_query(filter: &DeliveryFilter) -> (String, Vec<Value>) {
+    // Pending rows are read through the ready index and sorted: left to itself SQLite walks
+    // the table newest first, through every delivered row above an old pending one.
+    let index = match filter.state {
+        Some(DeliveryState::Pending) => " INDEXED BY deliveries_ready",
+        _ => "",
+    };
+    let mut sql = format!("SELECT {DELIVERY_COLUMNS} FROM deliveries{index} WHERE 1 = 1");
     let mut args: Vec<Value> = Vec::new();
     if let Some(state) = filter.state {
-        sql.push_str(" AND state = ?");
-        args.push(Value::Text(state.as_str().to_owned()));
+        // A literal, as for verdicts: dead rows are then read through the index of dead rows
+        // alone, and the ready index's `WHERE` is seen to hold (schema 5).
+        sql.push_str(&format!(" AND state = '{}'", state.as_str()));
     }
     if let Some(destination) = &filter.destination {
         sql.push_str(" AND destination = ?");
@@ -201,11 +223,7 @@ pub(crate) fn list_deliveries(
     }
     sql.push_str(" ORDER BY id DESC LIMIT ?");
     args.push(Value::Integer(i64::from(filter.limit)));
-    let mut stmt = conn.prepare(&sql)?;
-    let deliveries = stmt
-        .query_map(params_from_iter(args), delivery)?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    with_attempts(conn, deliveries)
+    (sql, args)
 }
 
 pub(crate) fn purge_claims(conn: &Connection, now: Timestamp, limit: u64) -> rusqlite::Result<u64> {
@@ -266,25 +284,31 @@ pub(crate) fn stats(conn: &Connection) -> rusqlite::Result<StoreStats> {
     })
 }
 
-/// Two ranges of the `(state, id)` index.
+/// Two partial indexes counted: the ready index (pending rows) and the dead rows' index.
 pub(crate) fn outbox_counts(conn: &Connection) -> rusqlite::Result<OutboxCounts> {
     let count = |sql: &str| {
         conn.prepare_cached(sql)?
             .query_row([], |r| r.get::<_, i64>(0))
     };
     Ok(OutboxCounts {
-        pending: count("SELECT count(*) FROM deliveries WHERE state = 'pending'")? as u64,
-        dead: count("SELECT count(*) FROM deliveries WHERE state = 'dead'")? as u64,
+        pending: count(COUNT_PENDING)? as u64,
+        dead: count(COUNT_DEAD)? as u64,
     })
 }
 
+const COUNT_PENDING: &str = "SELECT count(*) FROM deliveries WHERE state = 'pending'";
+const COUNT_DEAD: &str = "SELECT count(*) FROM deliveries WHERE state = 'dead'";
+
 #[cfg(test)]
 mod tests {
-    use hooklatch_core::store::RequestFilter;
+    use hooklatch_core::store::{DeliveryFilter, DeliveryState, RequestFilter, Verdict};
     use rusqlite::types::Value;
     use rusqlite::{params_from_iter, Connection};
 
-    use super::{requests_query, PURGE_CANDIDATES, PURGE_DELETES};
+    use super::{
+        deliveries_query, requests_query, COUNT_DEAD, COUNT_PENDING, PURGE_CANDIDATES,
+        PURGE_DELETES,
+    };
 
     fn migrated() -> Connection {
         let conn = Connection::open_in_memory().expect("an in-memory database");
@@ -353,5 +377,54 @@ mod tests {
             "{steps}"
         );
         assert_scans_only(&steps, &["claim_sources", "s"]);
+    }
+
+    /// Every step of `plan` reads an index: no step scans a table's rows.
+    #[track_caller]
+    fn assert_reads_indexes_only(plan: &str) {
+        for step in plan.lines().map(str::trim) {
+            if step.starts_with("SCAN ") {
+                assert!(step.contains(" USING "), "a table scan:\n{plan}");
+            }
+        }
+    }
+
+    /// Schema 5 keeps only dead rows in an index by state, and only requests that were not
+    /// accepted in the index of verdicts: the filters on them still read an index, not every
+    /// row there is.
+    #[test]
+    fn the_state_and_verdict_filters_and_the_counts_read_partial_indexes() {
+        let conn = migrated();
+        let cases = [
+            (DeliveryState::Dead, "deliveries_dead"),
+            (DeliveryState::Pending, "deliveries_ready"),
+        ];
+        for (state, index) in cases {
+            let (sql, args) = deliveries_query(&DeliveryFilter {
+                state: Some(state),
+                limit: 50,
+                ..DeliveryFilter::default()
+            });
+            let steps = plan(&conn, &sql, &args);
+            assert!(steps.contains(index), "{state:?}:\n{steps}");
+            assert_reads_indexes_only(&steps);
+        }
+        for verdict in [Verdict::Duplicate, Verdict::Rejected] {
+            let (sql, args) = requests_query(&RequestFilter {
+                verdict: Some(verdict),
+                limit: 50,
+                ..RequestFilter::default()
+            });
+            let steps = plan(&conn, &sql, &args);
+            assert!(steps.contains("requests_verdict"), "{verdict:?}:\n{steps}");
+            assert_reads_indexes_only(&steps);
+        }
+        for (sql, index) in [
+            (COUNT_PENDING, "deliveries_ready"),
+            (COUNT_DEAD, "deliveries_dead"),
+        ] {
+            let steps = plan(&conn, sql, &[]);
+            assert!(steps.contains(index), "{steps}");
+        }
     }
 }

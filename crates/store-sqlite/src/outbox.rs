@@ -26,7 +26,7 @@ macro_rules! ready_at {
 }
 
 /// Leases up to `?4` takeable rows to `?1` until `?2` (`?3` = now), earliest first.
-/// `INDEXED BY`: left to itself SQLite may pick `deliveries_state` and sort every pending row
+/// `INDEXED BY`: left to itself SQLite may pick another index and sort every pending row
 /// (the whole backlog) on each lease; the ready index starts at the earliest takeable row and
 /// stops after `?4`, and rows under a live lease sort after `now`, so none is stepped over (a
 /// test checks the plan).

@@ -116,6 +116,20 @@ END;
 ALTER TABLE requests ADD COLUMN body_codec INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE requests ADD COLUMN body_length INTEGER;
 "#,
+    // 5: fewer index entries per event. Every new event wrote an entry into the index of
+    // deliveries by state, and every attempt that settled a delivery moved it there; every
+    // accepted request wrote one into the index of verdicts. Pending rows are counted and
+    // listed through the ready index, dead rows through an index of dead rows alone, and only
+    // requests that were not accepted are in the verdict index (a filter on `accepted` reads
+    // the table newest first, where nearly every row is accepted). The history's filters spell
+    // the state and the verdict as literals, which is how SQLite sees that a partial index
+    // serves them.
+    r#"
+DROP INDEX deliveries_state;
+CREATE INDEX deliveries_dead ON deliveries (id) WHERE state = 'dead';
+DROP INDEX requests_verdict;
+CREATE INDEX requests_verdict ON requests (verdict, id) WHERE verdict <> 'accepted';
+"#,
 ];
 
 /// The schema version this build writes.
@@ -222,5 +236,67 @@ mod tests {
             .expect("the request");
         assert_eq!(&detail.body[..], b"{}");
         assert_eq!(detail.summary.body_len, 2);
+    }
+
+    /// Schema 5 swaps the indexes by state and by verdict for partial ones; a version 4
+    /// database keeps its rows, and the history's filters find them through the new indexes.
+    #[test]
+    fn a_version_4_database_keeps_its_dead_rows_and_verdicts_findable() {
+        use hooklatch_core::store::{DeliveryFilter, DeliveryState, RequestFilter, Verdict};
+
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        for sql in &MIGRATIONS[..4] {
+            conn.execute_batch(sql).expect("versions 1 to 4");
+        }
+        conn.pragma_update(None, "user_version", 4)
+            .expect("user_version");
+        conn.execute_batch(
+            "INSERT INTO requests (received_at, source, method, path, headers, body, verdict, status)
+             VALUES (5, 's', 'POST', '/in/s', x'', x'', 'accepted', 200),
+                    (6, 's', 'POST', '/in/s', x'', x'', 'rejected', 401);
+             INSERT INTO deliveries (request_id, source, event_key, destination, idempotency_key,
+                state, received_at, round_started_at, next_attempt_at, updated_at)
+             VALUES (1, 's', 'a', 'd', 's:a', 'dead', 5, 5, 5, 5),
+                    (1, 's', 'b', 'd', 's:b', 'pending', 5, 5, 5, 5),
+                    (1, 's', 'c', 'd', 's:c', 'delivered', 5, 5, 5, 5);",
+        )
+        .expect("rows written by version 4");
+
+        migrate(&conn).expect("migrating");
+        let names = indexes(&conn);
+        assert!(names.contains(&"deliveries_dead".to_owned()), "{names:?}");
+        assert!(!names.contains(&"deliveries_state".to_owned()), "{names:?}");
+        for (state, id) in [
+            (DeliveryState::Dead, 1),
+            (DeliveryState::Pending, 2),
+            (DeliveryState::Delivered, 3),
+        ] {
+            let found = crate::history::list_deliveries(
+                &conn,
+                &DeliveryFilter {
+                    state: Some(state),
+                    limit: 10,
+                    ..DeliveryFilter::default()
+                },
+            )
+            .expect("listing deliveries");
+            let ids: Vec<i64> = found.iter().map(|d| d.id.0).collect();
+            assert_eq!(ids, [id], "{state:?}");
+        }
+        for (verdict, id) in [(Verdict::Rejected, 2), (Verdict::Accepted, 1)] {
+            let found = crate::history::list_requests(
+                &conn,
+                &RequestFilter {
+                    verdict: Some(verdict),
+                    limit: 10,
+                    ..RequestFilter::default()
+                },
+            )
+            .expect("listing requests");
+            let ids: Vec<i64> = found.iter().map(|r| r.id.0).collect();
+            assert_eq!(ids, [id], "{verdict:?}");
+        }
+        let counts = crate::history::outbox_counts(&conn).expect("counting");
+        assert_eq!((counts.pending, counts.dead), (1, 1));
     }
 }
