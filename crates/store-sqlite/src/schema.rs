@@ -179,12 +179,20 @@ mod tests {
             .expect("index names")
     }
 
+    /// An in-memory database as a build of schema `version` left it.
+    fn at_version(version: usize) -> Connection {
+        let conn = Connection::open_in_memory().expect("an in-memory database");
+        for sql in &MIGRATIONS[..version] {
+            conn.execute_batch(sql).expect("the older versions");
+        }
+        conn.pragma_update(None, "user_version", version as i64)
+            .expect("user_version");
+        conn
+    }
+
     #[test]
     fn a_version_1_database_moves_to_the_ready_index_and_keeps_its_rows() {
-        let conn = Connection::open_in_memory().expect("an in-memory database");
-        conn.execute_batch(MIGRATIONS[0]).expect("version 1");
-        conn.pragma_update(None, "user_version", 1)
-            .expect("user_version");
+        let conn = at_version(1);
         conn.execute(
             "INSERT INTO deliveries (request_id, source, event_key, destination, idempotency_key,
                 state, received_at, round_started_at, next_attempt_at, updated_at)
@@ -217,12 +225,7 @@ mod tests {
     /// lengths read as `length(body)`.
     #[test]
     fn a_version_3_request_keeps_its_body_as_it_came() {
-        let conn = Connection::open_in_memory().expect("an in-memory database");
-        for sql in &MIGRATIONS[..3] {
-            conn.execute_batch(sql).expect("versions 1 to 3");
-        }
-        conn.pragma_update(None, "user_version", 3)
-            .expect("user_version");
+        let conn = at_version(3);
         conn.execute(
             "INSERT INTO requests (received_at, source, method, path, headers, body, verdict, status)
              VALUES (5, 's', 'POST', '/in/s', x'', x'7b7d', 'accepted', 200)",
@@ -244,12 +247,7 @@ mod tests {
     fn a_version_4_database_keeps_its_dead_rows_and_verdicts_findable() {
         use hooklatch_core::store::{DeliveryFilter, DeliveryState, RequestFilter, Verdict};
 
-        let conn = Connection::open_in_memory().expect("an in-memory database");
-        for sql in &MIGRATIONS[..4] {
-            conn.execute_batch(sql).expect("versions 1 to 4");
-        }
-        conn.pragma_update(None, "user_version", 4)
-            .expect("user_version");
+        let conn = at_version(4);
         conn.execute_batch(
             "INSERT INTO requests (received_at, source, method, path, headers, body, verdict, status)
              VALUES (5, 's', 'POST', '/in/s', x'', x'', 'accepted', 200),
