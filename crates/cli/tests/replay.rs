@@ -368,10 +368,11 @@ async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_sqlite()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_postgres() {
-    let Some(db) = postgres_database().await else {
+    let Some((db, name)) = postgres_database().await else {
         return;
     };
     naive_fails_and_guarded_passes(&db).await;
+    drop_postgres_database(&name).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -395,8 +396,9 @@ async fn check_names_the_race_of_a_check_then_insert_handler() {
     assert!(failure.starts_with("10 deliveries produced"), "{failure}");
 }
 
-/// A fresh database on `HOOKLATCH_TEST_POSTGRES_URL`, or `None` (skipped; a failure in CI).
-async fn postgres_database() -> Option<String> {
+/// A fresh database on `HOOKLATCH_TEST_POSTGRES_URL`, its URL and name, or `None` (skipped; a
+/// failure in CI).
+async fn postgres_database() -> Option<(String, String)> {
     use sqlx::Connection;
     let Ok(base) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
         assert!(
@@ -416,7 +418,20 @@ async fn postgres_database() -> Option<String> {
         .expect("creating a test database");
     let mut url = reqwest::Url::parse(&base).expect("HOOKLATCH_TEST_POSTGRES_URL is a URL");
     url.set_path(&format!("/{name}"));
-    Some(url.to_string())
+    Some((url.to_string(), name))
+}
+
+/// Drops a database made by [`postgres_database`], so runs do not leave one each behind.
+async fn drop_postgres_database(name: &str) {
+    use sqlx::Connection;
+    let base = std::env::var("HOOKLATCH_TEST_POSTGRES_URL").expect("set when it was made");
+    let mut conn = sqlx::PgConnection::connect(&base)
+        .await
+        .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&mut conn)
+        .await
+        .expect("dropping the test database");
 }
 
 /// A Twilio voice webhook sent as GET, behind a proxy (`public_url`): replayed through the
