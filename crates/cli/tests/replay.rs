@@ -399,7 +399,6 @@ async fn check_names_the_race_of_a_check_then_insert_handler() {
 /// A fresh database on `HOOKLATCH_TEST_POSTGRES_URL`, its URL and name, or `None` (skipped; a
 /// failure in CI).
 async fn postgres_database() -> Option<(String, String)> {
-    use sqlx::Connection;
     let Ok(base) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
         assert!(
             std::env::var_os("CI").is_none(),
@@ -409,13 +408,7 @@ async fn postgres_database() -> Option<(String, String)> {
         return None;
     };
     let name = unique("hooklatch_replay").to_lowercase();
-    let mut conn = sqlx::PgConnection::connect(&base)
-        .await
-        .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await
-        .expect("creating a test database");
+    on_test_server(&base, &format!("CREATE DATABASE {name}")).await;
     let mut url = reqwest::Url::parse(&base).expect("HOOKLATCH_TEST_POSTGRES_URL is a URL");
     url.set_path(&format!("/{name}"));
     Some((url.to_string(), name))
@@ -423,15 +416,24 @@ async fn postgres_database() -> Option<(String, String)> {
 
 /// Drops a database made by [`postgres_database`], so runs do not leave one each behind.
 async fn drop_postgres_database(name: &str) {
-    use sqlx::Connection;
     let base = std::env::var("HOOKLATCH_TEST_POSTGRES_URL").expect("set when it was made");
-    let mut conn = sqlx::PgConnection::connect(&base)
+    on_test_server(
+        &base,
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+    )
+    .await;
+}
+
+/// Runs one statement on the server at `base` (`HOOKLATCH_TEST_POSTGRES_URL`).
+async fn on_test_server(base: &str, sql: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(base)
         .await
         .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    sqlx::query(sql)
         .execute(&mut conn)
         .await
-        .expect("dropping the test database");
+        .unwrap_or_else(|err| panic!("{sql}: {err}"));
 }
 
 /// A Twilio voice webhook sent as GET, behind a proxy (`public_url`): replayed through the
