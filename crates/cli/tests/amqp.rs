@@ -26,12 +26,15 @@ mod support;
 
 #[path = "common/example_bin.rs"]
 mod example_bin;
+#[path = "common/test_database.rs"]
+mod test_database;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
+use test_database::TestDatabase as TestDb;
 
 use hooklatch_testkit::amqp::{broker_url, header, TestBroker};
 use sqlx::Connection as _;
@@ -310,42 +313,8 @@ fn postgres_url() -> Option<String> {
     }
 }
 
-/// A database of the test's own, created on the admin URL's server and dropped at the end.
-struct TestDb {
-    admin_url: String,
-    name: String,
-}
-
+/// The example consumer's tickets, read from the test's database.
 impl TestDb {
-    async fn create(admin_url: &str) -> TestDb {
-        let name = unique("hooklatch_tickets").to_lowercase();
-        let mut conn = sqlx::PgConnection::connect(admin_url)
-            .await
-            .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut conn)
-            .await
-            .expect("creating the test database");
-        let _ = conn.close().await;
-        TestDb {
-            admin_url: admin_url.to_owned(),
-            name,
-        }
-    }
-
-    /// The admin URL with its database name replaced by this one.
-    fn url(&self) -> String {
-        let (base, query) = match self.admin_url.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (self.admin_url.as_str(), None),
-        };
-        let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
-        match query {
-            Some(q) => format!("{server}/{}?{q}", self.name),
-            None => format!("{server}/{}", self.name),
-        }
-    }
-
     /// `SELECT count(*) FROM tickets`.
     async fn tickets(&self) -> i64 {
         let mut conn = sqlx::PgConnection::connect(&self.url())
@@ -383,17 +352,6 @@ impl TestDb {
             .expect("reading tickets");
         let _ = conn.close().await;
         rows
-    }
-
-    async fn drop_now(self) {
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
-            let _ = sqlx::query(&format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            ))
-            .execute(&mut conn)
-            .await;
-        }
     }
 }
 
@@ -538,7 +496,7 @@ struct TicketFlow {
 
 impl TicketFlow {
     async fn start(url: &str, pg: &str, name: &str) -> TicketFlow {
-        let db = TestDb::create(pg).await;
+        let db = TestDb::create_on(pg, &unique("hooklatch_tickets")).await;
         let mut broker = TestBroker::connect(url).await;
         let exchange = format!("hooklatch-e2e-x-{}", unique(name));
         let queue = format!("hooklatch-e2e-q-{}", unique(name));
@@ -856,7 +814,7 @@ async fn a_broker_restarted_during_a_burst_of_1000_events_loses_none_and_the_gua
     };
     // Alone on the broker: the other tests of this binary wait, and do not see the restart.
     let _restarting = BROKER.write().await;
-    let db = TestDb::create(&pg).await;
+    let db = TestDb::create_on(&pg, &unique("hooklatch_tickets")).await;
     let exchange = format!("hooklatch-e2e-x-{}", unique("restart"));
     let queue = format!("hooklatch-e2e-q-{}", unique("restart"));
     // A failure is caught, so that the clean-up runs then too.

@@ -8,12 +8,15 @@
 //! it they print "skipped" — and fail when `CI` is set.
 
 mod replay_support;
+#[path = "common/test_database.rs"]
+mod test_database;
 
 use base64::Engine;
 use hooklatch_core::Timestamp;
 use serde_json::Value;
 
 use replay_support::*;
+use test_database::TestDatabase;
 
 /// A gateway that has ingested one Stripe event; returns it with the body, the ingest answer.
 async fn gateway_with_one_event(destination: Option<&str>) -> (Gateway, Vec<u8>, Value) {
@@ -368,11 +371,11 @@ async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_sqlite()
 
 #[tokio::test(flavor = "multi_thread")]
 async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_postgres() {
-    let Some((db, name)) = postgres_database().await else {
+    let Some(db) = TestDatabase::create(&unique("hooklatch_replay")).await else {
         return;
     };
-    naive_fails_and_guarded_passes(&db).await;
-    drop_postgres_database(&name).await;
+    naive_fails_and_guarded_passes(&db.url()).await;
+    db.drop_now().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -394,46 +397,6 @@ async fn check_names_the_race_of_a_check_then_insert_handler() {
         "{failure}"
     );
     assert!(failure.starts_with("10 deliveries produced"), "{failure}");
-}
-
-/// A fresh database on `HOOKLATCH_TEST_POSTGRES_URL`, its URL and name, or `None` (skipped; a
-/// failure in CI).
-async fn postgres_database() -> Option<(String, String)> {
-    let Ok(base) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must set HOOKLATCH_TEST_POSTGRES_URL"
-        );
-        println!("skipped: set HOOKLATCH_TEST_POSTGRES_URL");
-        return None;
-    };
-    let name = unique("hooklatch_replay").to_lowercase();
-    on_test_server(&base, &format!("CREATE DATABASE {name}")).await;
-    let mut url = reqwest::Url::parse(&base).expect("HOOKLATCH_TEST_POSTGRES_URL is a URL");
-    url.set_path(&format!("/{name}"));
-    Some((url.to_string(), name))
-}
-
-/// Drops a database made by [`postgres_database`], so runs do not leave one each behind.
-async fn drop_postgres_database(name: &str) {
-    let base = std::env::var("HOOKLATCH_TEST_POSTGRES_URL").expect("set when it was made");
-    on_test_server(
-        &base,
-        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-    )
-    .await;
-}
-
-/// Runs one statement on the server at `base` (`HOOKLATCH_TEST_POSTGRES_URL`).
-async fn on_test_server(base: &str, sql: &str) {
-    use sqlx::Connection;
-    let mut conn = sqlx::PgConnection::connect(base)
-        .await
-        .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
-    sqlx::query(sql)
-        .execute(&mut conn)
-        .await
-        .unwrap_or_else(|err| panic!("{sql}: {err}"));
 }
 
 /// A Twilio voice webhook sent as GET, behind a proxy (`public_url`): replayed through the

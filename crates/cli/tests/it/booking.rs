@@ -353,7 +353,7 @@ async fn a_whatsapp_message_delivered_42_times_plus_retries_books_once_sqlite() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_whatsapp_message_delivered_42_times_plus_retries_books_once_postgres() {
-    let Some(database) = Database::create().await else {
+    let Some(database) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     let wamid = one_booking_however_often_delivered(&database.url()).await;

@@ -11,6 +11,8 @@
 #[path = "../common/example_bin.rs"]
 mod example_bin;
 mod support;
+#[path = "../common/test_database.rs"]
+mod test_database;
 
 mod booking;
 mod crash;

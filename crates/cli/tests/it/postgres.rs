@@ -22,60 +22,7 @@ use crate::support::{
     Behaviour, Gateway, Handler, Ingest, Options,
 };
 
-/// A database of the test's own on the server `HOOKLATCH_TEST_POSTGRES_URL` points at.
-pub(crate) struct Database {
-    admin_url: String,
-    name: String,
-}
-
-impl Database {
-    /// `None` (after printing why) when no server is configured outside CI.
-    pub(crate) async fn create() -> Option<Database> {
-        let Ok(admin_url) = std::env::var("HOOKLATCH_TEST_POSTGRES_URL") else {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "CI is set but HOOKLATCH_TEST_POSTGRES_URL is not: the PostgreSQL tests must run"
-            );
-            println!(
-                "skipped: set HOOKLATCH_TEST_POSTGRES_URL to run the PostgreSQL end-to-end tests"
-            );
-            return None;
-        };
-        let name = unique("hooklatch_e2e").to_lowercase();
-        let mut conn = sqlx::PgConnection::connect(&admin_url)
-            .await
-            .expect("connecting to HOOKLATCH_TEST_POSTGRES_URL");
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&mut conn)
-            .await
-            .expect("creating the test database");
-        Some(Database { admin_url, name })
-    }
-
-    /// The URL of this database (the admin URL with its database name replaced).
-    pub(crate) fn url(&self) -> String {
-        let (base, query) = match self.admin_url.split_once('?') {
-            Some((b, q)) => (b, Some(q)),
-            None => (self.admin_url.as_str(), None),
-        };
-        let server = base.rsplit_once('/').map_or(base, |(s, _)| s);
-        match query {
-            Some(q) => format!("{server}/{}?{q}", self.name),
-            None => format!("{server}/{}", self.name),
-        }
-    }
-
-    pub(crate) async fn drop_now(self) {
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
-            let _ = sqlx::query(&format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            ))
-            .execute(&mut conn)
-            .await;
-        }
-    }
-}
+pub(crate) use crate::test_database::TestDatabase as Database;
 
 async fn three_gateways(handler: &Handler, db: &Database, timeout: &'static str) -> Vec<Gateway> {
     let mut gateways = Vec::new();
@@ -115,7 +62,7 @@ async fn post_until_answered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_event() {
-    let Some(db) = Database::create().await else {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -177,7 +124,7 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
-    let Some(db) = Database::create().await else {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     // Slow answers keep each instance's deliveries in flight, so the one killed holds leases.
@@ -275,7 +222,7 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
 /// (`accepted`) once it rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
-    let Some(db) = Database::create().await else {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -357,7 +304,7 @@ async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
 /// what the first queued, each event once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_only_instance_queues_and_another_instance_delivers() {
-    let Some(db) = Database::create().await else {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -416,7 +363,7 @@ async fn an_ingest_only_instance_queues_and_another_instance_delivers() {
 /// the NUL the request carried (`retries::event_type_of_each_attempt`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_type_with_a_nul_reaches_every_attempt_alike_on_postgres() {
-    let Some(db) = Database::create().await else {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     let types = crate::retries::event_type_of_each_attempt(Options {
