@@ -51,6 +51,7 @@ use sqlx::{Executor, PgConnection, PgPool, Row};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
+use crate::listen::OtherListeners;
 pub use crate::options::PgOptions;
 use crate::writer::{Done, Work, Writer, WriterSettings};
 
@@ -72,6 +73,10 @@ struct Inner {
     writer: Writer,
     /// For the listener's own connection.
     connect: PgConnectOptions,
+    /// The `application_name` of this instance's listener.
+    listener_name: String,
+    /// Whether another instance listens, as last seen (for the ingests' `NOTIFY`).
+    others: OtherListeners,
     /// Unsafe durability settings found at connect (only when they were allowed).
     unsafe_durability: Vec<String>,
     /// Never sent on: dropping it (with the last clone of the store) stops the listeners.
@@ -136,8 +141,10 @@ impl PostgresStore {
                 })
             })
             .connect_lazy_with(connect.clone());
+        let others = OtherListeners::new();
         let writer = Writer::start(
             pool.clone(),
+            others.clone(),
             WriterSettings {
                 max_batch: opts.max_batch,
                 // Leave connections for reads and leases, whatever the options say.
@@ -146,11 +153,20 @@ impl PostgresStore {
             },
         );
         let (shutdown, _) = watch::channel(());
+        let listener_name = listen::listener_name();
+        tokio::spawn(listen::watch_others(
+            pool.clone(),
+            listener_name.clone(),
+            others.clone(),
+            shutdown.subscribe(),
+        ));
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 pool,
                 writer,
                 connect,
+                listener_name,
+                others,
                 unsafe_durability: found,
                 shutdown,
             }),
@@ -175,12 +191,27 @@ impl PostgresStore {
     /// ingest, redrive, redelivery or released leases — and once after every (re)connection,
     /// since notifications sent meanwhile are lost. It reconnects with backoff on failure, and
     /// stops when the store is dropped or the handle aborted.
+    ///
+    /// Its connection's `application_name` is `hooklatch listener <token>`, whatever the URL
+    /// says: that is how the other instances see that this one listens
+    /// ([`PostgresStore::notifies_others`]).
     pub fn listen_for_work(&self, notify: Arc<Notify>) -> JoinHandle<()> {
         tokio::spawn(listen::run(
-            self.inner.connect.clone(),
+            self.inner
+                .connect
+                .clone()
+                .application_name(&self.inner.listener_name),
             notify,
             self.inner.shutdown.subscribe(),
         ))
+    }
+
+    /// Whether this instance's ingests `NOTIFY` the workers: true while another instance's
+    /// listener ([`PostgresStore::listen_for_work`]) was connected to the database when this
+    /// one last looked (once a second), and until the first look. An instance wakes its own
+    /// worker in memory, so its own listener does not count.
+    pub fn notifies_others(&self) -> bool {
+        self.inner.others.any()
     }
 
     async fn write(&self, work: Work) -> Result<Done, StoreError> {

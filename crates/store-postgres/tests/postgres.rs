@@ -22,6 +22,7 @@ use hooklatch_testkit::conformance::fixture::{
     ingest, new_deliveries, rejection, requests_with_key, sha256, ALL, DESTINATIONS, RETENTION, T0,
     WORKER,
 };
+use sqlx::postgres::PgListener;
 use sqlx::{Executor, PgConnection, Row};
 use support::{with_param, TestDb};
 use tokio::sync::{Barrier, Notify};
@@ -1135,6 +1136,12 @@ async fn another_instances_ingest_wakes_a_listening_worker() {
     tokio::time::timeout(BOUND, notify.notified())
         .await
         .expect("the listener wakes the worker once it listens");
+    // The other instance notifies once it has seen the listener (it looks once a second).
+    eventually(
+        || other.notifies_others(),
+        "the other instance sees the listener",
+    )
+    .await;
 
     other
         .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
@@ -1149,6 +1156,104 @@ async fn another_instances_ingest_wakes_a_listening_worker() {
         .await
         .expect("the listener stops when its store is dropped")
         .expect("the listener task ends cleanly");
+}
+
+/// Polls `cond` every 50 ms until it holds, for at most [`BOUND`].
+async fn eventually(cond: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + BOUND;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The next notification on `observer`'s channel, with its payload.
+async fn next_notification(observer: &mut PgListener) -> String {
+    tokio::time::timeout(BOUND, observer.recv())
+        .await
+        .expect("a notification in time")
+        .expect("the observer's connection holds")
+        .payload()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingests_notify_only_while_another_instance_listens() {
+    let Some(base) = support::base_url("the NOTIFY-only-for-others test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = db.store().await;
+    let notify = Arc::new(Notify::new());
+    let _own = store.listen_for_work(notify.clone());
+    tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .expect("the store's own listener listens");
+    // Something listening on the channel that is not an instance: it sees every NOTIFY.
+    let mut observer = PgListener::connect(&db.url).await.expect("observer");
+    observer
+        .listen(hooklatch_store_postgres::WORK_CHANNEL)
+        .await
+        .expect("observer listens");
+
+    // Alone with its own listener, the store does not notify: the first notification the
+    // observer sees is the marker sent after the ingest committed (and after the moment the
+    // batch's NOTIFY would have followed it).
+    eventually(
+        || !store.notifies_others(),
+        "the store sees only its own listener",
+    )
+    .await;
+    store
+        .ingest(ingest(SOURCE, &["evt_alone"], BODY, T0))
+        .await
+        .expect("ingest");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut raw = db.raw().await;
+    raw.execute(
+        format!(
+            "NOTIFY {}, 'marker'",
+            hooklatch_store_postgres::WORK_CHANNEL
+        )
+        .as_str(),
+    )
+    .await
+    .expect("marker");
+    assert_eq!(
+        next_notification(&mut observer).await,
+        "marker",
+        "no NOTIFY for an ingest while no other instance listens"
+    );
+
+    // Another instance starts listening: once the store has seen it, ingests notify.
+    let other = db.store().await;
+    let other_notify = Arc::new(Notify::new());
+    let _other_listener = other.listen_for_work(other_notify.clone());
+    eventually(
+        || store.notifies_others(),
+        "the store sees the other listener",
+    )
+    .await;
+    store
+        .ingest(ingest(SOURCE, &["evt_shared"], BODY, T0))
+        .await
+        .expect("ingest");
+    assert_eq!(
+        next_notification(&mut observer).await,
+        "",
+        "the ingest notifies while another instance listens"
+    );
+    tokio::time::timeout(BOUND, other_notify.notified())
+        .await
+        .expect("the other instance's worker is woken");
+
+    // It stops again once the other instance is gone.
+    drop(other);
+    eventually(
+        || !store.notifies_others(),
+        "the store sees the other listener go",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1179,7 +1284,15 @@ async fn a_listener_whose_connection_is_killed_reconnects_and_keeps_waking() {
         .await
         .expect("woken after reconnecting, as notifications may have been missed");
 
-    store
+    // Another instance's ingest (an instance's own wake its worker in memory, not by NOTIFY),
+    // once that instance sees the reconnected listener under the same name.
+    let other = db.store().await;
+    eventually(
+        || other.notifies_others(),
+        "the other instance sees the listener",
+    )
+    .await;
+    other
         .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
         .await
         .expect("ingest");
