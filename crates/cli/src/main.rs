@@ -499,6 +499,11 @@ struct BenchArgs {
     /// Open loop: requests per second, each due at a fixed time.
     #[arg(long, value_name = "PER_SECOND")]
     rate: Option<f64>,
+    /// Open loop: the most connections kept, all opened before the clock starts; a request
+    /// due while all are busy waits, and the wait counts in its latency [default: the
+    /// requests of 10 ms at --rate, 8 to 512].
+    #[arg(long, value_name = "N", requires = "rate", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    connections: Option<u32>,
     /// Stop sending new requests after this long.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     duration: Option<Duration>,
@@ -975,10 +980,11 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         },
         duration: args.duration,
         timeout: args.timeout,
+        connections: args.connections.map(|n| n as usize),
     };
     if let (Some(want), Some(addr)) = (args.drain, args.sink_listen) {
         return client_runtime()?.block_on(async {
-            let sink = bench::Sink::start(addr, args.sink_delay).await?;
+            let sink = bench::Sink::start(addr, args.sink_delay, want as usize).await?;
             eprintln!(
                 "delivery sink: http://{}/sink; waiting for {want} events",
                 sink.addr
@@ -1040,10 +1046,10 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             baseline = Some(report);
         }
         let sink = match (args.sink_listen, args.sink) {
-            (Some(addr), _) => Some(bench::Sink::start(addr, args.sink_delay).await?),
+            (Some(addr), _) => Some(bench::Sink::start(addr, args.sink_delay, plan.events.len()).await?),
             (None, true) => {
                 let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-                Some(bench::Sink::start(any, args.sink_delay).await?)
+                Some(bench::Sink::start(any, args.sink_delay, plan.events.len()).await?)
             }
             (None, false) => None,
         };

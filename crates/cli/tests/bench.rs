@@ -94,29 +94,14 @@ fn start(dir: &Path, config: &Path, ingest: u16) -> Gateway {
     }
 }
 
-#[test]
-fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let (ingest, admin, sink) = (free_port(), free_port(), free_port());
-    let config = write_config(dir.path(), (ingest, admin, sink), true);
-    let gw = start(dir.path(), &config, ingest);
-
+/// Runs `hooklatch bench --json` with `args` against the gateway on `ingest`, and returns
+/// its JSON.
+fn bench_json(ingest: u16, args: &[&str]) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
         .args(["bench", "--target"])
         .arg(format!("http://127.0.0.1:{ingest}"))
-        .args(["--secret", SECRET, "--events", "200", "--duplicates", "0.1"])
-        .args([
-            "--concurrency",
-            "8",
-            "--baseline",
-            "--json",
-            "--sink-wait",
-            "30s",
-        ])
-        .args(["--body-size", "2048", "--sink-listen"])
-        .arg(format!("127.0.0.1:{sink}"))
-        .arg("--pid")
-        .arg(gw.0.id().to_string())
+        .args(["--secret", SECRET, "--json"])
+        .args(args)
         .output()
         .expect("running hooklatch bench");
     assert!(
@@ -125,7 +110,37 @@ fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
         String::from_utf8_lossy(&out.stderr),
         String::from_utf8_lossy(&out.stdout)
     );
-    let doc: Value = serde_json::from_slice(&out.stdout).expect("bench --json prints JSON");
+    serde_json::from_slice(&out.stdout).expect("bench --json prints JSON")
+}
+
+#[test]
+fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (ingest, admin, sink) = (free_port(), free_port(), free_port());
+    let config = write_config(dir.path(), (ingest, admin, sink), true);
+    let gw = start(dir.path(), &config, ingest);
+
+    let (sink, pid) = (format!("127.0.0.1:{sink}"), gw.0.id().to_string());
+    let doc = bench_json(
+        ingest,
+        &[
+            "--events",
+            "200",
+            "--duplicates",
+            "0.1",
+            "--concurrency",
+            "8",
+            "--baseline",
+            "--sink-wait",
+            "30s",
+            "--body-size",
+            "2048",
+            "--sink-listen",
+            &sink,
+            "--pid",
+            &pid,
+        ],
+    );
 
     // 200 distinct events, and duplicates = round(200 × 0.1 / 0.9) = 22 byte-identical copies.
     let run = &doc["hooklatch"];
@@ -174,6 +189,54 @@ fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
 }
 
 #[test]
+fn an_open_loop_keeps_its_connections_and_counts_every_answer() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ports = (free_port(), free_port(), free_port());
+    let (ingest, admin, _) = ports;
+    let config = write_config(dir.path(), ports, false);
+    let _gw = start(dir.path(), &config, ingest);
+
+    let doc = bench_json(
+        ingest,
+        &[
+            "--events",
+            "100",
+            "--duplicates",
+            "0.1",
+            "--rate",
+            "400",
+            "--connections",
+            "4",
+        ],
+    );
+    let run = &doc["hooklatch"];
+    assert_eq!(run["sent"], 111, "{doc:#}");
+    assert_eq!(run["statuses"], serde_json::json!({"200": 111}), "{doc:#}");
+    assert_eq!(run["answers"]["accepted"], 100, "{doc:#}");
+    assert_eq!(run["answers"]["duplicate"], 11, "{doc:#}");
+
+    // The connections it opened before its clock started (GET /, a 404) left no history:
+    // the gateway holds the 111 requests of the run and nothing else.
+    let export = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["events", "export", "--limit", "1000", "--admin"])
+        .arg(format!("http://127.0.0.1:{admin}"))
+        .args(["--token", ADMIN_TOKEN])
+        .output()
+        .expect("running hooklatch events export");
+    assert!(
+        export.status.success(),
+        "{}",
+        String::from_utf8_lossy(&export.stderr)
+    );
+    let captures: Value = serde_json::from_slice(&export.stdout).expect("an export");
+    assert_eq!(
+        captures["captures"].as_array().map(Vec::len),
+        Some(111),
+        "{captures:#}"
+    );
+}
+
+#[test]
 fn bench_drain_counts_a_backlog_delivered_after_a_restart() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let ports = (free_port(), free_port(), free_port());
@@ -182,17 +245,9 @@ fn bench_drain_counts_a_backlog_delivered_after_a_restart() {
     // 50 events queued by a gateway that does not deliver.
     let config = write_config(dir.path(), ports, false);
     let gw = start(dir.path(), &config, ingest);
-    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
-        .args(["bench", "--target"])
-        .arg(format!("http://127.0.0.1:{ingest}"))
-        .args(["--secret", SECRET, "--events", "50", "--concurrency", "4"])
-        .args(["--json", "--sink-wait", "0s"])
-        .output()
-        .expect("running hooklatch bench");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    bench_json(
+        ingest,
+        &["--events", "50", "--concurrency", "4", "--sink-wait", "0s"],
     );
     drop(gw);
 

@@ -13,7 +13,13 @@
 //! when one is answered. [`Load::Rate`] is an open loop: request *i* is due at `start + i/R`
 //! whether or not earlier ones were answered, and its latency is measured from that due time,
 //! so a stalled server shows up in the percentiles instead of quietly lowering the rate
-//! (coordinated omission).
+//! (coordinated omission). It keeps a fixed set of connections, as wrk2 does: by default the
+//! requests of 10 ms at its rate ([`warm_connections`]), opened before its clock starts (by as
+//! many `GET /` at once, which the gateway answers 404 without touching its store). A request
+//! due while every connection is busy waits for one, and the wait counts in its latency.
+//! Without a cap, a stall of a few milliseconds made the client open a connection for nearly
+//! every request due meanwhile (570 to 890 at 9,500 requests/s, where about 25 are in
+//! flight), and the connection storm, not the server, set the next 100–250 ms of latency.
 //!
 //! **Alongside.** [`baseline_server`] is a minimal hyper server answering 200 to anything: the
 //! HTTP ceiling of the machine, run with the same plan and the same client. [`Sink`] is a
@@ -59,6 +65,9 @@ pub struct BenchOptions {
     pub duration: Option<Duration>,
     /// Time allowed for one request.
     pub timeout: Duration,
+    /// Open loop only: the most connections it keeps (default [`warm_connections`] of the
+    /// rate), all opened before its clock starts.
+    pub connections: Option<usize>,
 }
 
 /// How requests are paced.
@@ -421,6 +430,29 @@ pub fn client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
         .build()?)
 }
 
+/// How many connections an open loop at `rate` requests/s keeps unless told: the requests of
+/// 10 ms at that rate (about four times what a server answering in 2–3 ms keeps in flight),
+/// at least 8 and at most 512.
+pub fn warm_connections(rate: f64) -> usize {
+    ((rate / 100.0).ceil() as usize).clamp(8, 512)
+}
+
+/// Opens up to `n` connections to `base` into `client`'s pool with `n` simultaneous `GET /`
+/// (answered 404 by the gateway, without a history record), their answers ignored.
+async fn open_connections(client: &reqwest::Client, base: &str, n: usize) {
+    let url = format!("{}/", base.trim_end_matches('/'));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let request = client.get(&url).send();
+        tasks.spawn(async move {
+            if let Ok(res) = request.await {
+                let _ = res.bytes().await;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
 /// Runs `plan` against `{base}/in/{source}`; `progress` is called once per answered request.
 pub async fn run(
     plan: Arc<Plan>,
@@ -435,10 +467,25 @@ pub async fn run(
         statuses: Mutex::new(BTreeMap::new()),
         answers: Mutex::new(BTreeMap::new()),
         latency: Mutex::new(histogram()),
-        acks: Mutex::new(HashMap::new()),
+        // Sized for every distinct event up front: growing it under its lock, while every
+        // answer waits to record, stalled the open loop for tens of milliseconds each time
+        // it doubled (its own pause, measured as the server's latency).
+        acks: Mutex::new(HashMap::with_capacity(plan.events.len())),
         sent: AtomicU64::new(0),
         dups: AtomicU64::new(0),
     });
+    // An open loop's connections: opened now, then a permit per request in flight.
+    let connections = match opts.load {
+        Load::Rate(rate) => {
+            let n = opts
+                .connections
+                .unwrap_or_else(|| warm_connections(rate))
+                .max(1);
+            open_connections(&client, base, n).await;
+            Some(Arc::new(tokio::sync::Semaphore::new(n)))
+        }
+        Load::Concurrency(_) => None,
+    };
     let started = Instant::now();
     let deadline = opts.duration.map(|d| started + d);
     let send_one = {
@@ -533,7 +580,16 @@ pub async fn run(
                     break;
                 }
                 tokio::time::sleep_until(due.into()).await;
-                tasks.spawn(send_one(i, due));
+                let request = send_one(i, due);
+                let connections = connections.clone();
+                tasks.spawn(async move {
+                    // Waiting for a free connection is part of the request's latency.
+                    let _free = match connections {
+                        Some(connections) => connections.acquire_owned().await.ok(),
+                        None => None,
+                    };
+                    request.await;
+                });
                 // Reap finished tasks so the set stays small.
                 while tasks.try_join_next().is_some() {}
             }
@@ -652,7 +708,6 @@ pub struct Sink {
     task: tokio::task::JoinHandle<()>,
 }
 
-#[derive(Default)]
 struct SinkState {
     first: Mutex<HashMap<String, Instant>>,
     deliveries: AtomicU64,
@@ -666,10 +721,15 @@ impl Drop for Sink {
 
 impl Sink {
     /// Starts a sink on `listen` (`127.0.0.1:0` for any port); each answer waits `delay`.
-    pub async fn start(listen: SocketAddr, delay: Duration) -> anyhow::Result<Sink> {
+    /// `keys` is how many distinct keys it expects: its record is sized for them up front,
+    /// so it does not grow (under its lock) while deliveries arrive.
+    pub async fn start(listen: SocketAddr, delay: Duration, keys: usize) -> anyhow::Result<Sink> {
         let listener = tokio::net::TcpListener::bind(listen).await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(SinkState::default());
+        let state = Arc::new(SinkState {
+            first: Mutex::new(HashMap::with_capacity(keys)),
+            deliveries: AtomicU64::new(0),
+        });
         let st = state.clone();
         let task = tokio::spawn(serve_loop(
             listener,
@@ -1128,6 +1188,55 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_open_loop_warms_ten_milliseconds_of_its_requests_within_bounds() {
+        assert_eq!(warm_connections(9_500.0), 95);
+        assert_eq!(warm_connections(2_000.0), 20);
+        assert_eq!(warm_connections(10.0), 8);
+        assert_eq!(warm_connections(1_000_000.0), 512);
+    }
+
+    #[tokio::test]
+    async fn warming_up_opens_as_many_connections_as_asked_and_they_serve_the_run() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // A server counting its connections and answering every request with a 404 a little
+        // later, so that the warm-up's requests are all in flight at once.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counting = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                counting.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        let answer = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
+                        if conn.write_all(answer).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        let client = client(Duration::from_secs(5)).unwrap();
+        open_connections(&client, &base, 8).await;
+        assert_eq!(accepted.load(Ordering::SeqCst), 8);
+        // Eight requests at once afterwards find them idle in the pool: no new connection.
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            tasks.spawn(client.get(format!("{base}/")).send());
+        }
+        while let Some(res) = tasks.join_next().await {
+            assert_eq!(res.unwrap().unwrap().status(), 404);
+        }
+        assert_eq!(accepted.load(Ordering::SeqCst), 8);
+    }
+
+    #[test]
     fn a_process_s_cpu_time_is_read_past_a_command_name_with_spaces_and_parentheses() {
         let line = "4242 (tokio (x) w) S 1 4242 4242 0 -1 4194560 1523 0 0 0 \
                     731 269 0 0 20 0 9 0 123456 1000000 2000 18446744073709551615";
@@ -1195,6 +1304,7 @@ mod tests {
             load: Load::Concurrency(4),
             duration: None,
             timeout: Duration::from_secs(1),
+            connections: None,
         }
     }
 
