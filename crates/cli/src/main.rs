@@ -1016,7 +1016,10 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             "body_bytes": plan.events.first().map_or(0, |e| e.body.len()),
             "load": match opts.load {
                 Load::Concurrency(k) => serde_json::json!({"concurrency": k}),
-                Load::Rate(r) => serde_json::json!({"rate": r}),
+                Load::Rate(r) => serde_json::json!({
+                    "rate": r,
+                    "connections": opts.connections.unwrap_or_else(|| bench::warm_connections(r)),
+                }),
             },
         });
         let mut baseline = None;

@@ -209,6 +209,11 @@ fn an_open_loop_keeps_its_connections_and_counts_every_answer() {
             "4",
         ],
     );
+    assert_eq!(
+        doc["load"],
+        serde_json::json!({"rate": 400.0, "connections": 4}),
+        "{doc:#}"
+    );
     let run = &doc["hooklatch"];
     assert_eq!(run["sent"], 111, "{doc:#}");
     assert_eq!(run["statuses"], serde_json::json!({"200": 111}), "{doc:#}");
