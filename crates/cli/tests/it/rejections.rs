@@ -76,6 +76,42 @@ async fn an_unknown_source_is_refused_with_404_and_claims_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_method_on_a_source_is_refused_with_405_in_json_and_recorded() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let (status, allow, body) = gw
+        .ingest()
+        .request(reqwest::Method::PUT, "/in/stripe", "{\"id\":\"evt_put\"}")
+        .await;
+    assert_eq!(allow.as_deref(), Some("GET, POST"));
+    assert_refused(&gw, (status, body), 405, "method_not_allowed").await;
+    // Recorded with its method and its body.
+    let recorded = gw.requests("verdict=rejected").await;
+    assert_eq!(recorded[0]["body_len"], 16, "{}", recorded[0]);
+    let id = recorded[0]["id"].as_str().expect("an id");
+    let (_, detail) = gw.admin_get(&format!("/v1/requests/{id}")).await;
+    assert_eq!(detail["method"], "PUT", "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_other_path_is_answered_404_in_json_and_left_out_of_history() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    for (method, path) in [
+        (reqwest::Method::GET, "/"),
+        (reqwest::Method::POST, "/wp-login.php"),
+        (reqwest::Method::POST, "/in"),
+        (reqwest::Method::POST, "/in/stripe/extra"),
+    ] {
+        let (status, _, body) = gw.ingest().request(method, path, "").await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["code"], "not_found", "{path}: {body}");
+        assert!(body["message"].is_string(), "{path}: {body}");
+    }
+    assert!(gw.requests("").await.is_empty(), "nothing in history");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_declared_over_the_limit_is_refused_with_413_before_it_is_sent() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let gw = Gateway::start_with(&handler, small_body_limit()).await;

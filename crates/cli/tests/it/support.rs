@@ -521,6 +521,35 @@ impl Ingest {
             .unwrap_or_else(|err| panic!("POST /in/{source} failed: {err}"))
     }
 
+    /// Sends `method` to `path` on the ingest listener with `body`; returns the status, the
+    /// `Allow` header if any, and the JSON body (null when it is not JSON).
+    pub async fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &'static str,
+    ) -> (u16, Option<String>, Value) {
+        let res = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .body(body)
+            .send()
+            .await
+            .unwrap_or_else(|err| panic!("{path} failed: {err}"));
+        let status = res.status().as_u16();
+        let allow = res
+            .headers()
+            .get(reqwest::header::ALLOW)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = res.bytes().await.expect("reading an ingest response");
+        (
+            status,
+            allow,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
     /// POSTs and returns the status and JSON body, or the transport error.
     pub async fn try_post(
         &self,

@@ -34,8 +34,53 @@ use crate::{ApiError, ExternalKeys, IngestState, Source};
 
 pub(crate) fn router(state: Arc<IngestState>) -> Router {
     Router::new()
-        .route("/in/{source}", post(ingest).get(check))
+        .route(
+            "/in/{source}",
+            post(ingest).get(check).fallback(other_method),
+        )
+        .fallback(no_route)
         .with_state(state)
+}
+
+/// Any other path on the ingest listener: 404 with a JSON body, not recorded in history.
+/// Webhooks arrive at `/in/{source}`; what else reaches a public port is mostly scanners,
+/// and a request there names no source to file it under.
+async fn no_route() -> ApiError {
+    ApiError::not_found("no such route: webhooks are received at POST /in/{source}")
+}
+
+/// `/in/{source}` with a method other than POST and GET: refused with 405 (and `Allow`), and
+/// recorded in history like every refusal, with its body as far as the limit.
+async fn other_method(
+    State(state): State<Arc<IngestState>>,
+    Path(source_name): Path<String>,
+    req: Request,
+) -> Response {
+    let (parts, body) = req.into_parts();
+    let mut record = request_record(&parts, &source_name);
+    let metric_source = state
+        .sources
+        .get(&source_name)
+        .map_or("unknown", |s| s.name.as_str())
+        .to_owned();
+    match read_body(body, &state).await {
+        Ok(bytes) => record.body = bytes,
+        Err(_) => record.body_truncated = true,
+    }
+    let err = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "{} is not accepted here: providers deliver webhooks with POST (a few with GET)",
+            parts.method
+        ),
+    );
+    let mut res = reject(&state, record, &metric_source, err).await;
+    res.headers_mut().insert(
+        axum::http::header::ALLOW,
+        HeaderValue::from_static("GET, POST"),
+    );
+    res
 }
 
 async fn ingest(
