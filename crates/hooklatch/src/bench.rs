@@ -1200,22 +1200,27 @@ mod tests {
     #[tokio::test]
     async fn warming_up_opens_as_many_connections_as_asked_and_they_serve_the_run() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        // A server counting its connections and answering every request with a 404 a little
-        // later, so that the warm-up's requests are all in flight at once.
+        // A server counting its connections, whose first answers (a 404) wait until eight
+        // requests have arrived: the warm-up's eight are all in flight at once.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicUsize::new(0));
         let counting = accepted.clone();
+        let first_eight = Arc::new(tokio::sync::Barrier::new(8));
+        let arrived = Arc::new(AtomicUsize::new(0));
         tokio::spawn(async move {
             while let Ok((mut conn, _)) = listener.accept().await {
                 counting.fetch_add(1, Ordering::SeqCst);
+                let (first_eight, arrived) = (first_eight.clone(), arrived.clone());
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 4096];
                     while let Ok(n) = conn.read(&mut buf).await {
                         if n == 0 {
                             break;
                         }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        if arrived.fetch_add(1, Ordering::SeqCst) < 8 {
+                            first_eight.wait().await;
+                        }
                         let answer = b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n";
                         if conn.write_all(answer).await.is_err() {
                             break;
@@ -1224,8 +1229,10 @@ mod tests {
                 });
             }
         });
-        let client = client(Duration::from_secs(5)).unwrap();
-        open_connections(&client, &base, 8).await;
+        let client = client(Duration::from_secs(30)).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), open_connections(&client, &base, 8))
+            .await
+            .expect("eight requests in flight at once, on eight connections");
         assert_eq!(accepted.load(Ordering::SeqCst), 8);
         // Eight requests at once afterwards find them idle in the pool: no new connection.
         let mut tasks = tokio::task::JoinSet::new();

@@ -1183,7 +1183,8 @@ async fn ingests_notify_only_while_another_instance_listens() {
         return;
     };
     let db = TestDb::create(&base).await;
-    let store = db.store().await;
+    // One writer task: it sends a batch's NOTIFY before it takes the next batch.
+    let store = one_patient_writer(&db).await;
     let notify = Arc::new(Notify::new());
     let _own = store.listen_for_work(notify.clone());
     tokio::time::timeout(BOUND, notify.notified())
@@ -1197,18 +1198,19 @@ async fn ingests_notify_only_while_another_instance_listens() {
         .expect("observer listens");
 
     // Alone with its own listener, the store does not notify: the first notification the
-    // observer sees is the marker sent after the ingest committed (and after the moment the
-    // batch's NOTIFY would have followed it).
+    // observer sees is the marker sent after the ingests. The second ingest is answered only
+    // after the one writer sent whatever the first batch would have notified.
     eventually(
         || !store.notifies_others(),
         "the store sees only its own listener",
     )
     .await;
-    store
-        .ingest(ingest(SOURCE, &["evt_alone"], BODY, T0))
-        .await
-        .expect("ingest");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    for key in ["evt_alone", "evt_alone_2"] {
+        store
+            .ingest(ingest(SOURCE, &[key], BODY, T0))
+            .await
+            .expect("ingest");
+    }
     let mut raw = db.raw().await;
     raw.execute(
         format!(
