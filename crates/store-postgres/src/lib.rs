@@ -53,7 +53,7 @@ use tokio::task::JoinHandle;
 
 use crate::listen::OtherListeners;
 pub use crate::options::PgOptions;
-use crate::writer::{Done, Work, Writer, WriterSettings};
+use crate::writer::{Done, Work, Writer, WriterSettings, ATTEMPTS_SETTING, ATTEMPT_WRITERS};
 
 /// How long [`PostgresStore::connect`] waits for a server that refuses connections (still
 /// starting) before giving up.
@@ -119,31 +119,20 @@ impl PostgresStore {
         drop(first);
         first_pool.close().await;
 
-        let allow_unsafe = opts.allow_unsafe_durability;
-        let pool = PgPoolOptions::new()
-            .max_connections(opts.pool_size.max(2))
-            .acquire_timeout(opts.lock_timeout + Duration::from_secs(5))
-            .after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    if allow_unsafe {
-                        return Ok(());
-                    }
-                    // A setting changed on the role or database since start-up: refuse the
-                    // connection (the pool logs the reason and keeps trying).
-                    let found = durability::check(conn).await?;
-                    if found.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(sqlx::Error::Configuration(
-                            durability::refusal(&found).into(),
-                        ))
-                    }
-                })
-            })
-            .connect_lazy_with(connect.clone());
+        let pool = checked_pool(opts, opts.pool_size.max(2), &connect, None);
+        // The attempts lane's own connections, planned without sequential scans
+        // (`writer::ATTEMPTS_SETTING`): its batches run as single statements, with no
+        // transaction of their own to hold a `SET LOCAL`.
+        let attempts_pool = checked_pool(
+            opts,
+            ATTEMPT_WRITERS as u32,
+            &connect,
+            Some(ATTEMPTS_SETTING),
+        );
         let others = OtherListeners::new();
         let writer = Writer::start(
             pool.clone(),
+            attempts_pool,
             others.clone(),
             WriterSettings {
                 max_batch: opts.max_batch,
@@ -249,6 +238,38 @@ impl std::fmt::Debug for PostgresStore {
 /// Through `Executor::execute` rather than `RawSql::execute`: the latter is an `async fn`
 /// generic over the executor, and futures holding it fail the `Send` check of a spawned task
 /// (rust-lang/rust#102211, "implementation of `Executor` is not general enough").
+/// A pool of at most `max` connections, each checked for unsafe durability settings as it
+/// opens (a setting changed on the role or database since start-up: the connection is
+/// refused, and the pool logs the reason and keeps trying), then given `setting` if any.
+fn checked_pool(
+    opts: &PgOptions,
+    max: u32,
+    connect: &PgConnectOptions,
+    setting: Option<&'static str>,
+) -> PgPool {
+    let allow_unsafe = opts.allow_unsafe_durability;
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(opts.lock_timeout + Duration::from_secs(5))
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move {
+                if !allow_unsafe {
+                    let found = durability::check(conn).await?;
+                    if !found.is_empty() {
+                        return Err(sqlx::Error::Configuration(
+                            durability::refusal(&found).into(),
+                        ));
+                    }
+                }
+                if let Some(setting) = setting {
+                    simple(conn, setting).await?;
+                }
+                Ok(())
+            })
+        })
+        .connect_lazy_with(connect.clone())
+}
+
 pub(crate) async fn simple(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
     conn.execute(sqlx::raw_sql(sql)).await.map(|_| ())
 }

@@ -28,7 +28,8 @@ pub struct PgOptions {
     /// [`PgOptions::redacted_url`]).
     pub url: String,
     /// Most connections the store keeps open (URL `pool_size`, default 16). The connection that
-    /// listens for work ([`crate::PostgresStore::listen_for_work`]) comes on top.
+    /// listens for work ([`crate::PostgresStore::listen_for_work`]) and the two of the
+    /// delivery attempts' lane come on top.
     pub pool_size: u32,
     /// The wait limit (URL `lock_timeout`, default 5 s): how long any statement of the store
     /// waits for a lock, above all an ingest waiting for another transaction's uncommitted
