@@ -88,16 +88,35 @@ pub(crate) async fn settle(
     request_id: RequestId,
     deliveries: Option<Vec<DeliveryId>>,
 ) -> Result<IngestOutcome, sqlx::Error> {
-    match (deliveries, ingest.events.first()) {
-        (Some(deliveries), Some(event)) => Ok(IngestOutcome {
-            request_id,
-            claims: vec![(event.key.clone(), Claim::New { deliveries })],
-        }),
+    match deliveries {
+        Some(deliveries) => Ok(claimed(ingest, request_id, deliveries)),
         // Held by another request: the general path reads it (or replaces it if it has
         // expired).
-        _ => claim_all(conn, ingest, request_id, true).await,
+        None => claim_all(conn, ingest, request_id, true).await,
     }
 }
+
+/// The outcome of a one-event ingest whose claim is new, with the deliveries it queued.
+pub(crate) fn claimed(
+    ingest: &Ingest,
+    request_id: RequestId,
+    deliveries: Vec<DeliveryId>,
+) -> IngestOutcome {
+    IngestOutcome {
+        request_id,
+        claims: ingest
+            .events
+            .first()
+            .map(|event| (event.key.clone(), Claim::New { deliveries }))
+            .into_iter()
+            .collect(),
+    }
+}
+
+/// The SQLSTATE (`division_by_zero`) with which [`insert_and_claim_many`] run `alone` fails
+/// on purpose when a key is held by a claim it cannot read. A genuine division by zero
+/// would be read the same way, and would only make its batch run again in a transaction.
+pub(crate) const HELD_ELSEWHERE: &str = "22012";
 
 /// Claims every key of a recorded request and queues its new events. `listed`: the keys are
 /// in `request_keys` already.
@@ -271,9 +290,17 @@ pub(crate) enum Batched {
 /// (duplicate or conflict) at once, without the two statements of [`settle_held_many`]. A
 /// live claim cannot change under the statement: only an expired claim is ever replaced or
 /// purged.
+///
+/// `alone`: the statement is its batch's only one, committed as it ends with no transaction
+/// around it. A copy whose key is held where the statement cannot read it (a claim committed
+/// while the statement waited for it, or an expired one) is then not recorded with its
+/// request marked accepted, to be settled by the next statements: the statement fails
+/// instead, dividing by zero ([`HELD_ELSEWHERE`]; the divisor is not a constant, which the
+/// planner would fold and fail every time), and nothing of it is committed.
 pub(crate) async fn insert_and_claim_many(
     conn: &mut PgConnection,
     ingests: &[&Ingest],
+    alone: bool,
 ) -> Result<Vec<Batched>, sqlx::Error> {
     let n = ingests.len();
     let mut received_at = Vec::with_capacity(n);
@@ -380,7 +407,9 @@ pub(crate) async fn insert_and_claim_many(
             RETURNING id, request_id)
          SELECT i.id, EXISTS (SELECT 1 FROM c WHERE c.request_id = i.id),
             ARRAY(SELECT d.id FROM d WHERE d.request_id = i.id ORDER BY d.id),
-            held.body_sha256, held.request_id, held.claimed_at
+            held.body_sha256, held.request_id, held.claimed_at,
+            CASE WHEN $19 AND held.n IS NULL AND NOT EXISTS (SELECT 1 FROM c WHERE c.request_id = i.id)
+                THEN 1 / (i.n - i.n) END
          FROM i LEFT JOIN held ON held.n = i.n ORDER BY i.n",
     )
     .bind(&received_at)
@@ -401,6 +430,7 @@ pub(crate) async fn insert_and_claim_many(
     .bind(&destination)
     .bind(&lease_owners)
     .bind(&lease_until)
+    .bind(alone)
     .fetch_all(&mut *conn)
     .await?;
     if rows.len() != n {

@@ -14,6 +14,13 @@
 //! hears the error. One commit — one WAL flush, one round trip — covers the whole batch, so
 //! PostgreSQL round trips do not cap ingest throughput.
 //!
+//! Most batches are one statement: one-event ingests written together, or attempts recorded
+//! together with their next leases. Such a batch runs without `BEGIN` and `COMMIT`, as a
+//! statement PostgreSQL commits as it ends (`run_alone`): one round trip instead of three,
+//! and the turn passes on when it returns. The one thing that needs a second statement, a
+//! copy whose key is held where the statement cannot read it, makes that statement fail
+//! before it commits anything, and the batch runs again in a transaction.
+//!
 //! A batch first runs without savepoints: jobs almost never fail on their own, and a savepoint
 //! per job costs a round trip and a subtransaction each (ingest +8–29 % without them, same
 //! minutes). If a job does fail on its own, the whole transaction is rolled back — nothing of
@@ -235,7 +242,7 @@ pub(crate) const ATTEMPT_WRITERS: usize = 2;
 /// batch until the first `ANALYZE` made PostgreSQL plan again (at c=64 while delivering, 128
 /// of 191 sampled attempt statements; 12 % of the server's CPU evaluating `id = ANY(…)` row
 /// by row). Most of the lane's batches are one statement in a transaction of its own
-/// ([`run_attempts_alone`]), with no `BEGIN` to carry a `SET LOCAL`; the batches that do
+/// ([`run_alone`]), with no `BEGIN` to carry a `SET LOCAL`; the batches that do
 /// open a transaction set it there too ([`LaneKind::begin`]), for a pooler that hands each
 /// transaction another server connection.
 pub(crate) const ATTEMPTS_SETTING: &str = "SET enable_seqscan = off";
@@ -448,6 +455,9 @@ async fn run_loop(
 enum Ended {
     /// Committed: each job's own result, to send now, and whether any job queued deliveries.
     Committed(Vec<Result<Done, StoreError>>, bool),
+    /// Run as one statement without a transaction ([`run_alone`]), it failed on purpose
+    /// before committing anything: run it again in a transaction.
+    InTransaction,
     /// Rolled back cleanly after a deadlock or serialization failure: run it again.
     Retry(sqlx::Error),
     /// Run without savepoints, a job failed on its own; rolled back cleanly: run it again with
@@ -475,6 +485,7 @@ async fn commit_batch(
     let deadline = IO_TIMEOUT + settings.lock_timeout * (n_claims + 1).min(MAX_WAITS_PER_BATCH);
     let mut retries = 0;
     let mut savepoints = false;
+    let mut alone = true;
     loop {
         let mut conn = match pool.acquire().await {
             Ok(conn) => conn,
@@ -486,7 +497,7 @@ async fn commit_batch(
         };
         let ended = tokio::time::timeout(
             deadline,
-            run_batch(&mut conn, &batch, kind, savepoints, &mut turn),
+            run_batch(&mut conn, &batch, kind, savepoints, alone, &mut turn),
         )
         .await;
         let ended = ended.unwrap_or_else(|_| Ended::Failed {
@@ -506,6 +517,7 @@ async fn commit_batch(
                 }
                 return;
             }
+            Ended::InTransaction => alone = false,
             Ended::JobFailed(err) => {
                 tracing::debug!(%err, jobs = batch.len(), "postgres: a job failed; the batch runs again with savepoints");
                 savepoints = true;
@@ -572,17 +584,19 @@ fn close(mut conn: PoolConnection<Postgres>) {
     drop(conn);
 }
 
-/// Runs the batch once: its lane's `BEGIN` (and the first job's savepoint when `savepoints`),
-/// each job (in a savepoint of its own when `savepoints`), `COMMIT`.
+/// Runs the batch once: as one statement when it is one and `alone` ([`run_alone`]), else its
+/// lane's `BEGIN` (and the first job's savepoint when `savepoints`), each job (in a savepoint
+/// of its own when `savepoints`), `COMMIT`.
 async fn run_batch(
     conn: &mut PgConnection,
     batch: &[Job],
     kind: LaneKind,
     savepoints: bool,
+    alone: bool,
     turn: &mut Option<OwnedSemaphorePermit>,
 ) -> Ended {
-    if !savepoints && matches!(kind, LaneKind::Attempts) {
-        if let Some(ended) = run_attempts_alone(conn, batch, turn).await {
+    if alone && !savepoints {
+        if let Some(ended) = run_alone(conn, batch, kind, turn).await {
             return ended;
         }
     }
@@ -654,36 +668,52 @@ async fn run_batch(
     }
 }
 
-/// Runs a batch of attempts that all ask for their worker's next lease, on distinct
-/// deliveries, as the one statement of [`record_batched_attempts`] in a transaction of its
-/// own (PostgreSQL commits a lone statement as it ends): one round trip instead of three with
-/// `BEGIN` and `COMMIT` (same minutes, 3 pairs: at c=64 while delivering, commits −5 to −10 %
-/// and delivery +5 to +7 %; at 2,900 requests/s while delivering, the machine 3–4 points
-/// less busy). `None` for any other batch, left to run in a transaction as usual.
+/// Runs a batch that is one statement, with no `BEGIN` or `COMMIT`: PostgreSQL commits a
+/// lone statement as it ends, in a transaction of its own, so the batch is one round trip
+/// instead of three. That is a batch of attempts that all ask for their worker's next lease,
+/// on distinct deliveries ([`record_batched_attempts`]), or of one-event ingests within one
+/// statement's bodies ([`ingest::insert_and_claim_many`], run `alone`). `None` for any other
+/// batch, left to run in a transaction.
 ///
-/// A statement that fails committed nothing: a deadlock runs the batch again, a job's own
-/// error runs it again with savepoints, a broken connection fails it (the leases run out and
-/// the deliveries are attempted again, with the same keys). The turn passes on once the
-/// statement has returned, its commit included: meanwhile the next batch gathers.
-async fn run_attempts_alone(
+/// Same minutes, the transaction against this, 3 pairs each on PostgreSQL: ingest alone at
+/// c=64 +22 to +30 % (9,293 / 9,751 / 8,826 → 12,035 / 12,693 / 10,756 requests/s, the
+/// gateway's and PostgreSQL's CPU per request −15 to −20 %); at 2,900 requests/s while
+/// delivering, ack p50 −10 to −17 %; attempts alone, at c=64 while delivering, delivery +5
+/// to +7 %.
+///
+/// A statement that fails committed nothing. An ingest whose key another request holds
+/// where the statement cannot see it needs a second statement to read it
+/// ([`ingest::settle_held_many`]), so it must not commit alone: the statement fails on
+/// purpose ([`ingest::HELD_ELSEWHERE`]) and the batch runs again in a transaction. A deadlock
+/// runs it again too, a job's own error runs it again with savepoints, and a broken
+/// connection fails it (an attempt's lease runs out and the delivery is attempted again,
+/// with the same key; a provider retries an ingest). The turn passes on once the statement
+/// has returned, its commit included: meanwhile the next batch gathers.
+async fn run_alone(
     conn: &mut PgConnection,
     batch: &[Job],
+    kind: LaneKind,
     turn: &mut Option<OwnedSemaphorePermit>,
 ) -> Option<Ended> {
-    if !batch
-        .iter()
-        .all(|job| matches!(job.work, Work::Attempt { next: Some(_), .. }))
-    {
-        return None;
-    }
-    let ended = match record_batched_attempts(conn, batch).await {
-        Ok(done) if done.is_empty() => return None,
-        Ok(done) => Ended::Committed(
-            done.into_iter()
-                .map(|leased| Ok(Done::Attempt(leased.flatten())))
-                .collect(),
-            false,
-        ),
+    let ran = match kind {
+        LaneKind::Attempts => attempts_alone(conn, batch).await?,
+        LaneKind::Ingests => ingests_alone(conn, batch).await?,
+    };
+    let ended = match ran {
+        Ok(results) => {
+            let queued_work = batch
+                .iter()
+                .zip(&results)
+                .any(|(job, done)| matches!(done, Ok(done) if done.queued_deliveries() && !job.work.handed_off()));
+            Ended::Committed(results, queued_work)
+        }
+        Err(err) if sqlstate(&err).as_deref() == Some(ingest::HELD_ELSEWHERE) => {
+            tracing::debug!(
+                jobs = batch.len(),
+                "postgres: a key was held elsewhere; the batch runs again in a transaction"
+            );
+            Ended::InTransaction
+        }
         Err(err) if is_retryable(&err) => Ended::Retry(err),
         Err(err) if is_connection_error(&err) => Ended::Failed {
             results: Vec::new(),
@@ -694,6 +724,69 @@ async fn run_attempts_alone(
     };
     drop(turn.take());
     Some(ended)
+}
+
+/// A batch's results, by position.
+type Results = Vec<Result<Done, StoreError>>;
+
+/// [`run_alone`] for a batch of attempts, if it is one statement.
+async fn attempts_alone(
+    conn: &mut PgConnection,
+    batch: &[Job],
+) -> Option<Result<Results, sqlx::Error>> {
+    if !batch
+        .iter()
+        .all(|job| matches!(job.work, Work::Attempt { next: Some(_), .. }))
+    {
+        return None;
+    }
+    Some(match record_batched_attempts(conn, batch).await {
+        // Two attempts on one delivery: not one statement.
+        Ok(done) if done.is_empty() => return None,
+        Ok(done) => Ok(done
+            .into_iter()
+            .map(|leased| Ok(Done::Attempt(leased.flatten())))
+            .collect()),
+        Err(err) => Err(err),
+    })
+}
+
+/// [`run_alone`] for a batch of one-event ingests, if it is one statement.
+async fn ingests_alone(
+    conn: &mut PgConnection,
+    batch: &[Job],
+) -> Option<Result<Results, sqlx::Error>> {
+    let ingests: Vec<&Ingest> = batch
+        .iter()
+        .map(|job| job.work.batchable_ingest())
+        .collect::<Option<_>>()?;
+    let bytes: usize = ingests.iter().map(|i| i.request.body.len()).sum();
+    if ingests.len() > 1 && bytes > BATCHED_BYTES {
+        return None;
+    }
+    Some(
+        ingest::insert_and_claim_many(conn, &ingests, true)
+            .await
+            .map(|done| {
+                done.into_iter()
+                    .zip(&ingests)
+                    .map(|(done, ingest)| match done {
+                        ingest::Batched::Claimed(request_id, deliveries) => Ok(Done::Ingest(
+                            ingest::claimed(ingest, request_id, deliveries),
+                        )),
+                        ingest::Batched::Settled(outcome) => Ok(Done::Ingest(outcome)),
+                        // The statement fails rather than commit one (HELD_ELSEWHERE).
+                        ingest::Batched::Held(request_id) => {
+                            tracing::error!(%request_id, "postgres: a held key was committed without its verdict");
+                            Err(StoreError::Unavailable(
+                                "postgres: a held key was committed without its verdict"
+                                    .to_owned(),
+                            ))
+                        }
+                    })
+                    .collect()
+            }),
+    )
 }
 
 /// Records the requests and tries the claims of a batch's one-event ingests in one statement,
@@ -730,7 +823,7 @@ async fn insert_batched_ingests(
             .count()
             .max(1);
         let (chunk, more) = rest.split_at(take);
-        done.extend(ingest::insert_and_claim_many(conn, chunk).await?);
+        done.extend(ingest::insert_and_claim_many(conn, chunk, false).await?);
         rest = more;
     }
     let mut done = done.into_iter();

@@ -272,6 +272,18 @@ async fn an_ingest_waits_for_an_uncommitted_claim_of_its_key_then_is_a_duplicate
             .is_empty(),
         "a duplicate queues nothing"
     );
+    // A lone ingest runs first as one statement without a transaction, which must not commit
+    // a request whose key it could not read: that run fails and commits nothing, and the
+    // batch runs again in a transaction that settles the copy.
+    let recorded: Vec<(i64, String)> = sqlx::query_as("SELECT id, verdict FROM requests")
+        .fetch_all(&mut db.raw().await)
+        .await
+        .expect("requests");
+    assert_eq!(
+        recorded,
+        vec![(outcome.request_id.0, "duplicate".to_owned())],
+        "the copy is recorded once, with its verdict"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
