@@ -232,12 +232,6 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
-/// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
-/// round trip for all of them.
-///
-/// Through `Executor::execute` rather than `RawSql::execute`: the latter is an `async fn`
-/// generic over the executor, and futures holding it fail the `Send` check of a spawned task
-/// (rust-lang/rust#102211, "implementation of `Executor` is not general enough").
 /// A pool of at most `max` connections, each checked for unsafe durability settings as it
 /// opens (a setting changed on the role or database since start-up: the connection is
 /// refused, and the pool logs the reason and keeps trying), then given `setting` if any.
@@ -270,6 +264,12 @@ fn checked_pool(
         .connect_lazy_with(connect.clone())
 }
 
+/// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
+/// round trip for all of them.
+///
+/// Through `Executor::execute` rather than `RawSql::execute`: the latter is an `async fn`
+/// generic over the executor, and futures holding it fail the `Send` check of a spawned task
+/// (rust-lang/rust#102211, "implementation of `Executor` is not general enough").
 pub(crate) async fn simple(conn: &mut PgConnection, sql: &str) -> Result<(), sqlx::Error> {
     conn.execute(sqlx::raw_sql(sql)).await.map(|_| ())
 }
