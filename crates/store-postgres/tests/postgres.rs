@@ -1142,32 +1142,52 @@ async fn another_instances_ingest_wakes_a_listening_worker() {
     };
     let db = TestDb::create(&base).await;
     let listening = db.store().await;
-    let other = db.store().await;
-    let notify = Arc::new(Notify::new());
-    let listener = listening.listen_for_work(notify.clone());
-    tokio::time::timeout(BOUND, notify.notified())
-        .await
-        .expect("the listener wakes the worker once it listens");
+    let (notify, listener) = started_listener(&listening).await;
     // The other instance notifies once it has seen the listener (it looks once a second).
-    eventually(
-        || other.notifies_others(),
-        "the other instance sees the listener",
-    )
-    .await;
-
-    other
-        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
-        .await
-        .expect("ingest");
-    tokio::time::timeout(BOUND, notify.notified())
-        .await
-        .expect("the other instance's ingest wakes the worker");
+    let _other = ingest_elsewhere(&db).await;
+    woken(&notify, "the other instance's ingest wakes the worker").await;
 
     drop(listening);
     tokio::time::timeout(BOUND, listener)
         .await
         .expect("the listener stops when its store is dropped")
         .expect("the listener task ends cleanly");
+}
+
+/// `store`'s listener for work, once it listens (it wakes its worker as it starts), and what
+/// it wakes.
+async fn started_listener(store: &PostgresStore) -> (Arc<Notify>, tokio::task::JoinHandle<()>) {
+    let notify = Arc::new(Notify::new());
+    let listener = store.listen_for_work(notify.clone());
+    woken(&notify, "the listener wakes the worker once it listens").await;
+    (notify, listener)
+}
+
+/// Waits until `notify` wakes its worker, for at most [`BOUND`].
+async fn woken(notify: &Notify, what: &str) {
+    if tokio::time::timeout(BOUND, notify.notified())
+        .await
+        .is_err()
+    {
+        panic!("timed out waiting until {what}");
+    }
+}
+
+/// An ingest by another instance of the store, once that instance has seen a listener on
+/// the database (it looks once a second): its batch then notifies, after its reply. The
+/// instance is returned, to be kept until the notification has arrived.
+async fn ingest_elsewhere(db: &TestDb) -> PostgresStore {
+    let other = db.store().await;
+    eventually(
+        || other.notifies_others(),
+        "the other instance sees the listener",
+    )
+    .await;
+    other
+        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
+        .await
+        .expect("ingest");
+    other
 }
 
 /// Polls `cond` every 50 ms until it holds, for at most [`BOUND`].
@@ -1197,11 +1217,7 @@ async fn ingests_notify_only_while_another_instance_listens() {
     let db = TestDb::create(&base).await;
     // One writer task: it sends a batch's NOTIFY before it takes the next batch.
     let store = one_patient_writer(&db).await;
-    let notify = Arc::new(Notify::new());
-    let _own = store.listen_for_work(notify.clone());
-    tokio::time::timeout(BOUND, notify.notified())
-        .await
-        .expect("the store's own listener listens");
+    let _own = started_listener(&store).await;
     // Something listening on the channel that is not an instance: it sees every NOTIFY.
     let mut observer = PgListener::connect(&db.url).await.expect("observer");
     observer
@@ -1241,8 +1257,7 @@ async fn ingests_notify_only_while_another_instance_listens() {
 
     // Another instance starts listening: once the store has seen it, ingests notify.
     let other = db.store().await;
-    let other_notify = Arc::new(Notify::new());
-    let _other_listener = other.listen_for_work(other_notify.clone());
+    let (other_notify, _other_listener) = started_listener(&other).await;
     eventually(
         || store.notifies_others(),
         "the store sees the other listener",
@@ -1257,9 +1272,7 @@ async fn ingests_notify_only_while_another_instance_listens() {
         "",
         "the ingest notifies while another instance listens"
     );
-    tokio::time::timeout(BOUND, other_notify.notified())
-        .await
-        .expect("the other instance's worker is woken");
+    woken(&other_notify, "the other instance's worker is woken").await;
 
     // It stops again once the other instance is gone.
     drop(other);
@@ -1277,11 +1290,7 @@ async fn a_listener_whose_connection_is_killed_reconnects_and_keeps_waking() {
     };
     let db = TestDb::create(&base).await;
     let store = db.store().await;
-    let notify = Arc::new(Notify::new());
-    let _listener = store.listen_for_work(notify.clone());
-    tokio::time::timeout(BOUND, notify.notified())
-        .await
-        .expect("the listener wakes the worker once it listens");
+    let (notify, _listener) = started_listener(&store).await;
 
     let mut raw = db.raw().await;
     let killed: i64 = sqlx::query(
@@ -1294,25 +1303,16 @@ async fn a_listener_whose_connection_is_killed_reconnects_and_keeps_waking() {
     .expect("terminating the listener's session")
     .get(0);
     assert_eq!(killed, 1, "one listening session");
-    tokio::time::timeout(BOUND, notify.notified())
-        .await
-        .expect("woken after reconnecting, as notifications may have been missed");
+    woken(
+        &notify,
+        "woken after reconnecting, as notifications may have been missed",
+    )
+    .await;
 
     // Another instance's ingest (an instance's own wake its worker in memory, not by NOTIFY),
     // once that instance sees the reconnected listener under the same name.
-    let other = db.store().await;
-    eventually(
-        || other.notifies_others(),
-        "the other instance sees the listener",
-    )
-    .await;
-    other
-        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
-        .await
-        .expect("ingest");
-    tokio::time::timeout(BOUND, notify.notified())
-        .await
-        .expect("the reconnected listener still wakes the worker");
+    let _other = ingest_elsewhere(&db).await;
+    woken(&notify, "the reconnected listener still wakes the worker").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
