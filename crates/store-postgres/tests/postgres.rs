@@ -1178,16 +1178,22 @@ async fn woken(notify: &Notify, what: &str) {
 /// instance is returned, to be kept until the notification has arrived.
 async fn ingest_elsewhere(db: &TestDb) -> PostgresStore {
     let other = db.store().await;
+    ingest_once_it_sees_a_listener(&other, "evt_1").await;
+    other
+}
+
+/// Ingests `key` once `store` has seen another instance's listener, so that its batch
+/// notifies.
+async fn ingest_once_it_sees_a_listener(store: &PostgresStore, key: &str) {
     eventually(
-        || other.notifies_others(),
-        "the other instance sees the listener",
+        || store.notifies_others(),
+        "the store sees another instance's listener",
     )
     .await;
-    other
-        .ingest(ingest(SOURCE, &["evt_1"], BODY, T0))
+    store
+        .ingest(ingest(SOURCE, &[key], BODY, T0))
         .await
         .expect("ingest");
-    other
 }
 
 /// Polls `cond` every 50 ms until it holds, for at most [`BOUND`].
@@ -1258,15 +1264,7 @@ async fn ingests_notify_only_while_another_instance_listens() {
     // Another instance starts listening: once the store has seen it, ingests notify.
     let other = db.store().await;
     let (other_notify, _other_listener) = started_listener(&other).await;
-    eventually(
-        || store.notifies_others(),
-        "the store sees the other listener",
-    )
-    .await;
-    store
-        .ingest(ingest(SOURCE, &["evt_shared"], BODY, T0))
-        .await
-        .expect("ingest");
+    ingest_once_it_sees_a_listener(&store, "evt_shared").await;
     assert_eq!(
         next_notification(&mut observer).await,
         "",
