@@ -677,8 +677,8 @@ async fn run_batch(
 ///
 /// Same minutes, the transaction against this, 3 pairs each on PostgreSQL: ingest alone at
 /// c=64 +22 to +30 % (9,324 / 9,751 / 8,826 → 12,035 / 12,693 / 10,756 requests/s, the
-/// gateway's and PostgreSQL's CPU per request −15 to −20 %); at 2,900 requests/s while
-/// delivering, ack p50 −10 to −17 %; attempts alone, at c=64 while delivering, delivery +5
+/// gateway's and PostgreSQL's CPU per request −15 to −22 %); at 2,900 requests/s while
+/// delivering, ack p50 −10 to −19 %; attempts alone, at c=64 while delivering, delivery +5
 /// to +7 %.
 ///
 /// A statement that fails committed nothing. An ingest whose key another request holds
