@@ -93,13 +93,28 @@ pub(crate) fn lease_due(
 }
 
 pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusqlite::Result<()> {
-    // The attempt counts in the numbering even when it may not move the delivery.
+    let (state, next_at) = match result.next {
+        AttemptNext::Delivered => (DeliveryState::Delivered, None),
+        AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
+        AttemptNext::DeadLetter => (DeliveryState::Dead, None),
+    };
+    let now = result.started_at.plus(result.latency);
+    // One statement, one visit to the row: the attempt always counts in the numbering, and it
+    // moves the delivery only while it is pending and leased to the attempt's owner (or to
+    // nobody).
     let number: Option<i64> = conn
-        .prepare_cached(
-            "UPDATE deliveries SET total_attempts = total_attempts + 1 WHERE id = ?1
-             RETURNING total_attempts",
-        )?
-        .query_row([result.delivery.0], |r| r.get(0))
+        .prepare_cached(RECORD_ATTEMPT)?
+        .query_row(
+            params![
+                result.delivery.0,
+                state.as_str(),
+                next_at,
+                result.error,
+                now.0,
+                result.owner
+            ],
+            |r| r.get(0),
+        )
         .optional()?;
     // A delivery purged meanwhile has nothing to record against.
     let Some(number) = number else {
@@ -117,28 +132,45 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
         result.latency.as_millis() as i64,
         result.error
     ])?;
-    let (state, next_at) = match result.next {
-        AttemptNext::Delivered => (DeliveryState::Delivered, None),
-        AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
-        AttemptNext::DeadLetter => (DeliveryState::Dead, None),
-    };
-    let now = result.started_at.plus(result.latency);
-    conn.prepare_cached(
-        "UPDATE deliveries SET state = ?2, attempts = attempts + 1,
-            next_attempt_at = COALESCE(?3, next_attempt_at), lease_owner = NULL, lease_until = NULL,
-            last_error = COALESCE(?4, last_error), updated_at = ?5
-         WHERE id = ?1 AND state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?6)",
-    )?
-    .execute(params![
-        result.delivery.0,
-        state.as_str(),
-        next_at,
-        result.error,
-        now.0,
-        result.owner
-    ])?;
     Ok(())
 }
+
+/// Whether an attempt moves its delivery: it is pending and leased to the attempt's owner
+/// (`?6`) or to nobody. Read from the row as it was before the update, as every `SET`
+/// expression is.
+macro_rules! attempt_moves {
+    () => {
+        "(state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?6))"
+    };
+}
+
+/// [`record_attempt`]'s update: `?1` the delivery, `?2` its new state, `?3` the next attempt's
+/// time (kept when `NULL`), `?4` the error (kept when `NULL`), `?5` now, `?6` the owner.
+const RECORD_ATTEMPT: &str = concat!(
+    "UPDATE deliveries SET total_attempts = total_attempts + 1, ",
+    "state = CASE WHEN ",
+    attempt_moves!(),
+    " THEN ?2 ELSE state END, ",
+    "attempts = CASE WHEN ",
+    attempt_moves!(),
+    " THEN attempts + 1 ELSE attempts END, ",
+    "next_attempt_at = CASE WHEN ",
+    attempt_moves!(),
+    " THEN COALESCE(?3, next_attempt_at) ELSE next_attempt_at END, ",
+    "lease_owner = CASE WHEN ",
+    attempt_moves!(),
+    " THEN NULL ELSE lease_owner END, ",
+    "lease_until = CASE WHEN ",
+    attempt_moves!(),
+    " THEN NULL ELSE lease_until END, ",
+    "last_error = CASE WHEN ",
+    attempt_moves!(),
+    " THEN COALESCE(?4, last_error) ELSE last_error END, ",
+    "updated_at = CASE WHEN ",
+    attempt_moves!(),
+    " THEN ?5 ELSE updated_at END ",
+    "WHERE id = ?1 RETURNING total_attempts"
+);
 
 /// Gives back `owner`'s leases still running at `now` (a graceful shutdown). Like
 /// [`release_every_lease`], it reads only the rows ready after `now` in the ready index, never

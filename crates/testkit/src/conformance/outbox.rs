@@ -404,6 +404,22 @@ pub async fn a_late_worker_never_undoes_a_newer_outcome<S: Store>(store: S) {
     store.record_attempt(done).await.expect("record_attempt");
     // worker-a wakes up late and reports a failure.
     failed(&store, rows[0], at(40), "timeout", RetryAt(at(100))).await;
+    // It also reports on the other row, still pending but leased to worker-b now: the attempt
+    // is counted, the row stays as worker-b holds it.
+    failed(&store, rows[1], at(40), "timeout", RetryAt(at(100))).await;
+    let held = delivery(&store, rows[1]).await;
+    assert_eq!(held.state, DeliveryState::Pending);
+    assert_eq!(
+        held.attempts, 0,
+        "a stale owner's attempt does not move the row"
+    );
+    assert_eq!(held.last_error, None);
+    let numbers: Vec<u32> = held.history.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, [1], "the stale attempt is kept in the history");
+    assert!(
+        lease(&store, "worker-c", expired, 10).await.is_empty(),
+        "worker-b's lease still holds the row"
+    );
 
     let row = delivery(&store, rows[0]).await;
     assert_eq!(row.state, DeliveryState::Delivered);
