@@ -7,7 +7,8 @@ use crate::store::Header;
 
 /// Encodes headers into one blob, byte-exact.
 pub fn encode(headers: &[Header]) -> Vec<u8> {
-    let mut out = Vec::new();
+    let len = headers.iter().map(|(n, v)| 8 + n.len() + v.len()).sum();
+    let mut out = Vec::with_capacity(len);
     for (name, value) in headers {
         out.extend_from_slice(&(name.len() as u32).to_le_bytes());
         out.extend_from_slice(name.as_bytes());

@@ -14,23 +14,41 @@ use hooklatch_core::headers;
 
 use crate::body;
 
-/// `body` is the request's body as [`body::encode`] made it, before the job was queued.
+/// A request's row as far as it can be made before the job is queued: the body compressed,
+/// the headers encoded, the keys listed. Made on the caller's task, so that the writer
+/// thread, the serial part, only binds them.
+pub(crate) struct Row {
+    body: body::Stored,
+    headers: Vec<u8>,
+    keys_json: String,
+}
+
+impl Row {
+    pub(crate) fn new<'a>(request: &RequestRecord, keys: impl IntoIterator<Item = &'a str>) -> Row {
+        let keys: Vec<&str> = keys.into_iter().collect();
+        Row {
+            body: body::encode(&request.body),
+            headers: headers::encode(&request.headers),
+            keys_json: serde_json::to_string(&keys).expect("a list of strings serializes"),
+        }
+    }
+
+    /// The row of an ingest, listing its events' keys.
+    pub(crate) fn of_ingest(ingest: &Ingest) -> Row {
+        Row::new(
+            &ingest.request,
+            ingest.events.iter().map(|e| e.key.as_str()),
+        )
+    }
+}
+
+/// `row` is [`Row::of_ingest`]'s, made before the job was queued.
 pub(crate) fn ingest(
     conn: &Connection,
     ingest: &Ingest,
-    body: &body::Stored,
+    row: &Row,
 ) -> rusqlite::Result<IngestOutcome> {
-    let keys: Vec<&str> = ingest.events.iter().map(|e| e.key.as_str()).collect();
-    let keys_json = serde_json::to_string(&keys).expect("a list of strings serializes");
-    let request_id = insert_request(
-        conn,
-        &ingest.request,
-        body,
-        Verdict::Accepted,
-        None,
-        200,
-        &keys_json,
-    )?;
+    let request_id = insert_request(conn, &ingest.request, row, Verdict::Accepted, None, 200)?;
     let mut claims = Vec::with_capacity(ingest.events.len());
     for (i, event) in ingest.events.iter().enumerate() {
         // A claim made here points at this request, and history finds the request through it;
@@ -161,38 +179,30 @@ fn queue(
     Ok(deliveries)
 }
 
+/// `row` lists no keys.
 pub(crate) fn record_rejection(
     conn: &Connection,
     rejected: &Rejected,
-    body: &body::Stored,
+    row: &Row,
 ) -> rusqlite::Result<RequestId> {
     insert_request(
         conn,
         &rejected.request,
-        body,
+        row,
         Verdict::Rejected,
         Some(&rejected.code),
         rejected.status,
-        "[]",
     )
 }
 
+/// `row` lists `keys`.
 pub(crate) fn record_import(
     conn: &Connection,
     request: &RequestRecord,
-    body: &body::Stored,
+    row: &Row,
     keys: &[String],
 ) -> rusqlite::Result<RequestId> {
-    let keys_json = serde_json::to_string(keys).expect("a list of strings serializes");
-    let id = insert_request(
-        conn,
-        request,
-        body,
-        Verdict::Imported,
-        None,
-        202,
-        &keys_json,
-    )?;
+    let id = insert_request(conn, request, row, Verdict::Imported, None, 202)?;
     for key in keys {
         conn.execute(
             "INSERT OR IGNORE INTO request_keys (key, request_id) VALUES (?1, ?2)",
@@ -202,24 +212,25 @@ pub(crate) fn record_import(
     Ok(id)
 }
 
+/// `row` lists no keys.
 pub(crate) fn record_handshake(
     conn: &Connection,
     request: &RequestRecord,
-    body: &body::Stored,
+    row: &Row,
     status: u16,
 ) -> rusqlite::Result<RequestId> {
-    insert_request(conn, request, body, Verdict::Handshake, None, status, "[]")
+    insert_request(conn, request, row, Verdict::Handshake, None, status)
 }
 
 fn insert_request(
     conn: &Connection,
     request: &RequestRecord,
-    body: &body::Stored,
+    row: &Row,
     verdict: Verdict,
     reason: Option<&str>,
     status: u16,
-    keys_json: &str,
 ) -> rusqlite::Result<RequestId> {
+    let body = &row.body;
     conn.prepare_cached(
         "INSERT INTO requests (received_at, source, method, path, peer, headers, body,
             body_codec, body_length, body_truncated, verdict, reason, status, keys)
@@ -231,7 +242,7 @@ fn insert_request(
         request.method,
         request.path,
         request.peer,
-        headers::encode(&request.headers),
+        &row.headers[..],
         &body.bytes[..],
         body.codec,
         body.length,
@@ -239,7 +250,7 @@ fn insert_request(
         verdict.as_str(),
         reason,
         status,
-        keys_json
+        row.keys_json
     ])?;
     Ok(RequestId(conn.last_insert_rowid()))
 }

@@ -300,15 +300,15 @@ pub(crate) fn map_err(err: rusqlite::Error) -> StoreError {
 impl Store for SqliteStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
         // Compressed here, on the caller's task: the writer thread is the serial part.
-        let body = body::encode(&ingest.request.body);
-        self.write(Room::Ingest, move |tx| ingest::ingest(tx, &ingest, &body))
+        let row = ingest::Row::of_ingest(&ingest);
+        self.write(Room::Ingest, move |tx| ingest::ingest(tx, &ingest, &row))
             .await
     }
 
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
-        let body = body::encode(&rejected.request.body);
+        let row = ingest::Row::new(&rejected.request, []);
         self.write(Room::Ingest, move |tx| {
-            ingest::record_rejection(tx, &rejected, &body)
+            ingest::record_rejection(tx, &rejected, &row)
         })
         .await
     }
@@ -318,9 +318,9 @@ impl Store for SqliteStore {
         request: RequestRecord,
         keys: Vec<String>,
     ) -> Result<RequestId, StoreError> {
-        let body = body::encode(&request.body);
+        let row = ingest::Row::new(&request, keys.iter().map(String::as_str));
         self.write(Room::Ingest, move |tx| {
-            ingest::record_import(tx, &request, &body, &keys)
+            ingest::record_import(tx, &request, &row, &keys)
         })
         .await
     }
@@ -330,9 +330,9 @@ impl Store for SqliteStore {
         request: RequestRecord,
         status: u16,
     ) -> Result<RequestId, StoreError> {
-        let body = body::encode(&request.body);
+        let row = ingest::Row::new(&request, []);
         self.write(Room::Ingest, move |tx| {
-            ingest::record_handshake(tx, &request, &body, status)
+            ingest::record_handshake(tx, &request, &row, status)
         })
         .await
     }

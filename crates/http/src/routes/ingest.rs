@@ -28,7 +28,6 @@ use hooklatch_core::{
     EventKey, InboundRequest, KeyStoreError, ProviderReply, Store, StoreError, Timestamp,
 };
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde_json::json;
 
 use crate::{ApiError, ExternalKeys, IngestState, Source};
 
@@ -398,40 +397,62 @@ async fn accept(
         return res;
     }
 
-    let events: Vec<_> = outcome
-        .claims
-        .iter()
-        .map(|(key, claim)| match claim {
-            Claim::New { deliveries } => json!({
-                "key": key.as_str(),
-                "claim": "new",
-                "deliveries": deliveries.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
-            }),
-            Claim::Duplicate {
-                first_request,
-                first_seen,
-            } => json!({
-                "key": key.as_str(),
-                "claim": "duplicate",
-                "first_request": first_request.to_string(),
-                "first_seen_ms": first_seen.as_millis(),
-            }),
-            Claim::Conflict { first_request, .. } => json!({
-                "key": key.as_str(),
-                "claim": "conflict",
-                "first_request": first_request.to_string(),
-            }),
-        })
-        .collect();
-    (
-        StatusCode::OK,
-        Json(json!({
-            "status": verdict.as_str(),
-            "request_id": outcome.request_id.to_string(),
-            "events": events,
-        })),
-    )
-        .into_response()
+    let answer = Answer {
+        events: outcome
+            .claims
+            .iter()
+            .map(|(key, claim)| match claim {
+                Claim::New { deliveries } => EventAnswer::New {
+                    deliveries: deliveries.iter().map(|d| d.to_string()).collect(),
+                    key: key.as_str(),
+                },
+                Claim::Duplicate {
+                    first_request,
+                    first_seen,
+                } => EventAnswer::Duplicate {
+                    first_request: first_request.to_string(),
+                    first_seen_ms: first_seen.as_millis(),
+                    key: key.as_str(),
+                },
+                Claim::Conflict { first_request, .. } => EventAnswer::Conflict {
+                    first_request: first_request.to_string(),
+                    key: key.as_str(),
+                },
+            })
+            .collect(),
+        request_id: outcome.request_id.to_string(),
+        status: verdict.as_str(),
+    };
+    (StatusCode::OK, Json(answer)).into_response()
+}
+
+/// The JSON answer to an ingest, written straight from these types rather than through a
+/// `serde_json::Value` tree. Fields in alphabetical order, the order the answer has always
+/// had.
+#[derive(serde::Serialize)]
+struct Answer<'a> {
+    events: Vec<EventAnswer<'a>>,
+    request_id: String,
+    status: &'static str,
+}
+
+/// One event of an [`Answer`]: its `claim` first, then its fields.
+#[derive(serde::Serialize)]
+#[serde(tag = "claim", rename_all = "lowercase")]
+enum EventAnswer<'a> {
+    New {
+        deliveries: Vec<String>,
+        key: &'a str,
+    },
+    Duplicate {
+        first_request: String,
+        first_seen_ms: i64,
+        key: &'a str,
+    },
+    Conflict {
+        first_request: String,
+        key: &'a str,
+    },
 }
 
 /// Why a verified request was not queued.
@@ -589,5 +610,44 @@ async fn read_body(body: Body, state: &IngestState) -> Result<Bytes, ApiError> {
             "body_timeout",
             "the request body did not arrive in time",
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Answer, EventAnswer};
+
+    /// Clients read the answer as JSON, but people and scripts compare captures: its bytes stay
+    /// what they were when it was built as a `serde_json::Value` (keys in alphabetical order).
+    #[test]
+    fn the_answer_keeps_its_fields_in_alphabetical_order() {
+        let answer = Answer {
+            events: vec![
+                EventAnswer::New {
+                    deliveries: vec!["7".to_owned(), "8".to_owned()],
+                    key: "evt_new",
+                },
+                EventAnswer::Duplicate {
+                    first_request: "3".to_owned(),
+                    first_seen_ms: 1_700_000_000_000,
+                    key: "evt_dup",
+                },
+                EventAnswer::Conflict {
+                    first_request: "4".to_owned(),
+                    key: "evt_conflict",
+                },
+            ],
+            request_id: "9".to_owned(),
+            status: "accepted",
+        };
+        assert_eq!(
+            serde_json::to_string(&answer).expect("serializes"),
+            concat!(
+                r#"{"events":[{"claim":"new","deliveries":["7","8"],"key":"evt_new"},"#,
+                r#"{"claim":"duplicate","first_request":"3","first_seen_ms":1700000000000,"key":"evt_dup"},"#,
+                r#"{"claim":"conflict","first_request":"4","key":"evt_conflict"}],"#,
+                r#""request_id":"9","status":"accepted"}"#
+            )
+        );
     }
 }
