@@ -569,7 +569,9 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Serve { config } => {
             let settings = config::load(config.as_deref(), &env)?;
             init_tracing(settings.log_format);
+            let cpus = std::thread::available_parallelism().map_or(1, usize::from);
             let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(settings.runtime_workers(cpus))
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;

@@ -54,6 +54,8 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// Log format.
     pub log_format: LogFormat,
+    /// Threads of the async runtime; `None` is `"auto"` ([`Settings::runtime_workers`]).
+    pub workers: Option<usize>,
     /// The store.
     pub store: StoreSettings,
     /// Worker settings.
@@ -223,6 +225,7 @@ struct RawServer {
     body_timeout: Value,
     shutdown_grace: Value,
     log_format: String,
+    workers: Value,
 }
 
 #[derive(Debug, Deserialize)]
@@ -670,6 +673,7 @@ fn resolve(
         body_timeout: positive("server.body_timeout", &s.body_timeout)?,
         shutdown_grace: duration("server.shutdown_grace", &s.shutdown_grace)?,
         log_format,
+        workers: workers("server.workers", &s.workers)?,
         store,
         delivery: DeliverySettings {
             enabled: d.enabled,
@@ -680,6 +684,37 @@ fn resolve(
         sources,
         destinations,
     })
+}
+
+/// `"auto"` (`None`) or a number of threads, at least 1.
+fn workers(key: &str, v: &Value) -> Result<Option<usize>, ConfigError> {
+    match v {
+        Value::String(s) if s == "auto" => Ok(None),
+        Value::Integer(n) if (1..=1024).contains(n) => Ok(Some(*n as usize)),
+        _ => Err(err(
+            key,
+            format!("expected \"auto\" or a number of threads from 1 to 1024, got {v}"),
+        )),
+    }
+}
+
+impl Settings {
+    /// Threads for the async runtime. `"auto"`: one per CPU (`cpus`), less one with the SQLite
+    /// store: its writer thread is busy whenever ingest is, and on 2 CPUs a second runtime
+    /// thread only takes turns with it (BENCHMARKS.md: c=64 on SQLite +3 to +20 % with one
+    /// thread, PostgreSQL −8 to −21 %).
+    pub fn runtime_workers(&self, cpus: usize) -> usize {
+        if let Some(n) = self.workers {
+            return n;
+        }
+        let cpus = cpus.max(1);
+        match &self.store.backend {
+            #[cfg(feature = "sqlite")]
+            StoreBackend::Sqlite(_) => (cpus - 1).max(1),
+            #[cfg(feature = "postgres")]
+            StoreBackend::Postgres(_) => cpus,
+        }
+    }
 }
 
 /// Settings that belong to one provider only, and which one.
@@ -1094,6 +1129,34 @@ destinations = ["app"]
 name = "app"
 url = "http://127.0.0.1:3000/webhooks/stripe"
 "#;
+
+    #[test]
+    fn runtime_threads_leave_the_sqlite_writer_a_cpu_unless_set() {
+        let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x")]);
+        let sqlite = load_str(EXAMPLE, &e).expect("loads");
+        assert_eq!(sqlite.workers, None, "\"auto\" by default");
+        assert_eq!(sqlite.runtime_workers(2), 1);
+        assert_eq!(sqlite.runtime_workers(8), 7);
+        assert_eq!(sqlite.runtime_workers(1), 1);
+        assert_eq!(sqlite.runtime_workers(0), 1);
+        let postgres = load_str(
+            &EXAMPLE.replace("sqlite://x.db", "postgres://hl@127.0.0.1/hl"),
+            &e,
+        )
+        .expect("loads");
+        assert_eq!(postgres.runtime_workers(2), 2);
+        let mut set = e.clone();
+        set.insert("HOOKLATCH_SERVER__WORKERS".to_owned(), "3".to_owned());
+        let three = load_str(EXAMPLE, &set).expect("loads");
+        assert_eq!(three.runtime_workers(2), 3);
+        for bad in ["0", "-1", "\"many\"", "2.5"] {
+            check_err(
+                &format!("[server]\nworkers = {bad}\n{EXAMPLE}"),
+                &[("STRIPE_WEBHOOK_SECRET", "whsec_x")],
+                "server.workers: expected \"auto\" or a number of threads",
+            );
+        }
+    }
 
     #[test]
     fn the_issue_example_loads_with_defaults() {
