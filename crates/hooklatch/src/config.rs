@@ -702,7 +702,7 @@ impl Settings {
     /// Threads for the async runtime. `"auto"`: one per CPU (`cpus`), less one with the SQLite
     /// store: its writer thread is busy whenever ingest is, and on 2 CPUs a second runtime
     /// thread only takes turns with it (BENCHMARKS.md: c=64 on SQLite +3 to +20 % with one
-    /// thread, PostgreSQL −8 to −21 %).
+    /// thread; PostgreSQL, its server on the same CPUs, −8 to −17 %).
     pub fn runtime_workers(&self, cpus: usize) -> usize {
         if let Some(n) = self.workers {
             return n;
