@@ -299,7 +299,7 @@ pub(crate) fn map_err(err: rusqlite::Error) -> StoreError {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
-        // Compressed here, on the caller's task: the writer thread is the serial part.
+        // The row is prepared here, on the caller's task: the writer thread is the serial part.
         let row = ingest::Row::of_ingest(&ingest);
         self.write(Room::Ingest, move |tx| ingest::ingest(tx, &ingest, &row))
             .await
