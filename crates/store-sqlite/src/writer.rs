@@ -120,6 +120,8 @@ fn run_loop(
 ) {
     let mut batch: Vec<Box<dyn Job>> = Vec::with_capacity(max_batch);
     while let Ok(first) = rx.recv() {
+        // Jobs that come while the writer waits for a pass join this batch.
+        checkpointer.before_write();
         batch.push(first);
         while batch.len() < max_batch {
             match rx.try_recv() {
