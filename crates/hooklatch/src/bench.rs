@@ -13,8 +13,7 @@
 //! when one is answered. [`Load::Rate`] is an open loop: request *i* is due at `start + i/R`
 //! whether or not earlier ones were answered, and its latency is measured from that due time,
 //! so a stalled server shows up in the percentiles instead of quietly lowering the rate
-//! (coordinated omission); a thread of its own hands each request over at its due time
-//! ([`pace`]), not tokio's millisecond timer. It keeps a fixed set of connections, as wrk2 does: by default the
+//! (coordinated omission). It keeps a fixed set of connections, as wrk2 does: by default the
 //! requests of 10 ms at its rate ([`warm_connections`]), opened before its clock starts (by as
 //! many `GET /` at once, which the gateway answers 404 without touching its store). A request
 //! due while every connection is busy waits for one, and the wait counts in its latency.
@@ -577,8 +576,12 @@ pub async fn run(
             anyhow::ensure!(rate > 0.0, "--rate must be above 0");
             let interval = Duration::from_secs_f64(1.0 / rate);
             let mut tasks = tokio::task::JoinSet::new();
-            let mut dues = pace(started, interval, plan.len(), deadline)?;
-            while let Some((i, due)) = dues.recv().await {
+            for i in 0..plan.len() {
+                let due = started + interval.mul_f64(i as f64);
+                if deadline.is_some_and(|d| due >= d) {
+                    break;
+                }
+                tokio::time::sleep_until(due.into()).await;
                 let request = send_one(i, due);
                 let connections = connections.clone();
                 tasks.spawn(async move {
@@ -609,40 +612,6 @@ pub async fn run(
         acks: tally.acks.into_inner().unwrap(),
         started,
     })
-}
-
-/// The open loop's clock: a thread of its own that hands over each request's index at its due
-/// time (`started + i × interval`), until `n` or the deadline.
-///
-/// Not tokio's timer: it fires on whole milliseconds (a deadline is rounded up to the next
-/// one), so requests paced by it went out up to a millisecond late, in a burst at each tick,
-/// and the lateness, the client's own, counted in their latency. A sleeping thread wakes within
-/// tens of microseconds of the due time; a request is never sent early.
-fn pace(
-    started: Instant,
-    interval: Duration,
-    n: usize,
-    deadline: Option<Instant>,
-) -> anyhow::Result<tokio::sync::mpsc::UnboundedReceiver<(usize, Instant)>> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("bench-pace".to_owned())
-        .spawn(move || {
-            for i in 0..n {
-                let due = started + interval.mul_f64(i as f64);
-                if deadline.is_some_and(|d| due >= d) {
-                    break;
-                }
-                let now = Instant::now();
-                if due > now {
-                    std::thread::sleep(due - now);
-                }
-                if tx.send((i, due)).is_err() {
-                    break;
-                }
-            }
-        })?;
-    Ok(rx)
 }
 
 // ---------------------------------------------------------------------------------------------
