@@ -17,7 +17,7 @@
 //! milliseconds: a request leaves up to 1 ms after its due time, in a burst with the others due
 //! in that millisecond, and the lateness counts in its latency (at 500 requests/s the median
 //! read 1.7–2.0 ms, against 0.64–0.68 ms with a thread that slept until each due time). That
-//! thread was not kept: on 2 shared cores the smooth arrivals cost the gateway a fifth more
+//! thread was not kept: on 2 shared cores the smooth arrivals cost the gateway a quarter more
 //! CPU per request and the bench two thirds more, and the p99 at half load came out no better
 //! (BENCHMARKS.md). It keeps a fixed set of connections, as wrk2 does: by default the
 //! requests of 10 ms at its rate ([`warm_connections`]), opened before its clock starts (by as
