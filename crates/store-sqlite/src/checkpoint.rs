@@ -163,10 +163,11 @@ impl Checkpointer {
     /// pass copied every page, the write begins on a WAL with nothing left to copy, and SQLite
     /// starts the WAL over from its beginning, without the writer copying or fsyncing anything.
     /// After a wait, the next one comes [`RESTART_PAGES`] later unless the WAL started over.
-    pub(crate) fn before_write(&self) {
+    /// Returns whether the WAL was due to start over (whether or not the writer had to wait).
+    pub(crate) fn before_write(&self) -> bool {
         let mut flags = self.shared.lock();
         if !flags.caught_up || flags.wal_pages < flags.restart_at {
-            return;
+            return false;
         }
         let last_commit = flags.committed;
         if flags.passed < last_commit {
@@ -181,6 +182,7 @@ impl Checkpointer {
             flags.wanted = false;
         }
         flags.restart_at = flags.wal_pages + RESTART_PAGES;
+        true
     }
 }
 
@@ -520,68 +522,141 @@ mod tests {
         assert_eq!(super::wal_restarts(&wal), Some(before.wrapping_add(1)));
     }
 
-    /// The writer's wait: once a pass saw the WAL past [`super::RESTART_PAGES`], the write
-    /// after the next commit waits for a pass that copied that commit too, and so starts the
-    /// WAL over, long before SQLite's own checkpoint on the writer would (its threshold is 4×).
-    #[test]
-    fn the_write_after_a_caught_up_pass_starts_the_wal_over_without_the_writer_checkpointing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("t.db");
-        let open = || {
-            let conn = rusqlite::Connection::open(&path).expect("open");
+    /// A database in WAL mode with a writer set up as the store's, its checkpointer, and a
+    /// way to commit `rows` pages' worth of rows as the writer thread does.
+    struct Wal {
+        dir: tempfile::TempDir,
+        writer: rusqlite::Connection,
+        checkpointer: super::Checkpointer,
+    }
+
+    impl Wal {
+        fn new() -> Wal {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let writer = Wal::open(&dir);
+            super::configure_writer(&writer).expect("writer settings");
+            writer
+                .execute_batch("CREATE TABLE t (v BLOB)")
+                .expect("table");
+            let checkpointer = super::Checkpointer::start(Wal::open(&dir)).expect("checkpointer");
+            checkpointer.committed();
+            Wal {
+                dir,
+                writer,
+                checkpointer,
+            }
+        }
+
+        fn open(dir: &tempfile::TempDir) -> rusqlite::Connection {
+            let conn = rusqlite::Connection::open(dir.path().join("t.db")).expect("open");
             conn.pragma_update(None, "journal_mode", "wal")
                 .expect("wal");
             conn.pragma_update(None, "synchronous", "FULL")
                 .expect("full");
             conn
-        };
-        let writer = open();
-        super::configure_writer(&writer).expect("writer settings");
-        writer
-            .execute_batch("CREATE TABLE t (v BLOB)")
-            .expect("table");
-        let checkpointer = super::Checkpointer::start(open()).expect("checkpointer");
-        checkpointer.committed();
-        let commit = |rows: u32| {
-            writer
+        }
+
+        /// `before_write`, then a commit of `rows` rows of about a page each; whether the WAL
+        /// was due to start over.
+        fn commit(&self, rows: u32) -> bool {
+            let due = self.checkpointer.before_write();
+            self.writer
                 .execute_batch(&format!(
                     "BEGIN; INSERT INTO t SELECT zeroblob(3000) FROM \
                      (WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {rows}) \
                      SELECT i FROM n); COMMIT;"
                 ))
                 .expect("a commit");
-            checkpointer.committed();
-        };
+            self.checkpointer.committed();
+            due
+        }
+
+        /// Waits until a pass saw the WAL at [`super::RESTART_PAGES`] or more and copied it all.
+        fn until_a_pass_caught_up(&self) {
+            let seen = |f: &super::Flags| f.wal_pages >= super::RESTART_PAGES && f.caught_up;
+            let until = Instant::now() + Duration::from_secs(10);
+            while !seen(&self.checkpointer.shared.lock()) {
+                assert!(Instant::now() < until, "no pass caught up past 1,000 pages");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+
+        fn restarts(&self) -> u32 {
+            super::wal_restarts(&self.dir.path().join("t.db-wal")).expect("a WAL header")
+        }
+    }
+
+    /// The writer's wait: once a pass saw the WAL past [`super::RESTART_PAGES`], the write
+    /// after the next commit waits for a pass that copied that commit too, and so starts the
+    /// WAL over, long before SQLite's own checkpoint on the writer would (its threshold is 4×).
+    #[test]
+    fn the_write_after_a_caught_up_pass_starts_the_wal_over_without_the_writer_checkpointing() {
+        let wal = Wal::new();
         // 1,200 pages in twelve commits, well under the writer's own threshold of 4,000.
         for _ in 0..12 {
-            checkpointer.before_write();
-            commit(100);
+            wal.commit(100);
         }
-        let seen = |f: &super::Flags| f.wal_pages >= super::RESTART_PAGES && f.caught_up;
-        let until = Instant::now() + Duration::from_secs(10);
-        while !seen(&checkpointer.shared.lock()) {
-            assert!(
-                Instant::now() < until,
-                "no pass saw the WAL past 1,000 pages"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wal.until_a_pass_caught_up();
         // One more commit, which no pass has copied yet; the write after it waits for one.
-        commit(1);
-        let wal = dir.path().join("t.db-wal");
-        let before = super::wal_restarts(&wal).expect("a WAL header");
-        checkpointer.before_write();
-        writer
+        wal.writer
+            .execute("INSERT INTO t VALUES (x'00')", [])
+            .expect("a commit");
+        wal.checkpointer.committed();
+        let before = wal.restarts();
+        assert!(
+            wal.checkpointer.before_write(),
+            "the WAL is due to start over"
+        );
+        wal.writer
             .execute("INSERT INTO t VALUES (x'00')", [])
             .expect("a write");
         assert_eq!(
-            super::wal_restarts(&wal),
-            Some(before.wrapping_add(1)),
+            wal.restarts(),
+            before.wrapping_add(1),
             "the write started the WAL over"
         );
-        let pages: i64 = writer
+        let pages: i64 = wal
+            .writer
             .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))
             .expect("pages in the WAL");
         assert!(pages < 10, "{pages} pages in the WAL after it started over");
+    }
+
+    /// A reader on an old snapshot keeps the passes from catching up: the writer does not wait
+    /// before every write meanwhile, and the WAL starts over once the reader is done.
+    #[test]
+    fn a_reader_holding_a_snapshot_does_not_make_every_write_wait() {
+        let wal = Wal::new();
+        for _ in 0..12 {
+            wal.commit(100);
+        }
+        wal.until_a_pass_caught_up();
+        // A read that begins right after a commit no pass has copied yet: its snapshot ends
+        // there, and no later page can be copied while it lasts.
+        let reader = Wal::open(&wal.dir);
+        wal.writer
+            .execute("INSERT INTO t VALUES (x'00')", [])
+            .expect("a commit");
+        reader
+            .execute_batch("BEGIN; SELECT count(*) FROM t;")
+            .expect("a read transaction");
+        wal.checkpointer.committed();
+        // 3,000 pages over about half a second, long enough for passes to see the WAL grow.
+        let due = (0..30)
+            .filter(|_| {
+                let due = wal.commit(100);
+                std::thread::sleep(Duration::from_millis(15));
+                due
+            })
+            .count();
+        assert!(due <= 4, "due to start over at {due} of 30 writes");
+        reader.execute_batch("COMMIT").expect("the read ends");
+        let before = wal.restarts();
+        let until = Instant::now() + Duration::from_secs(10);
+        while wal.restarts() == before {
+            assert!(Instant::now() < until, "the WAL never started over");
+            wal.commit(1);
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
