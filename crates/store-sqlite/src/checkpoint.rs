@@ -571,6 +571,25 @@ mod tests {
             due
         }
 
+        /// A one-row commit that the checkpointer hears of, without `before_write` first.
+        fn commit_one(&self) {
+            self.writer
+                .execute("INSERT INTO t VALUES (x'00')", [])
+                .expect("a commit");
+            self.checkpointer.committed();
+        }
+
+        /// A new database with 1,200 pages in its WAL from twelve commits (well under the
+        /// writer's own threshold of 4,000), once a pass saw them all and copied them.
+        fn past_restart_pages() -> Wal {
+            let wal = Wal::new();
+            for _ in 0..12 {
+                wal.commit(100);
+            }
+            wal.until_a_pass_caught_up();
+            wal
+        }
+
         /// Waits until a pass saw the WAL at [`super::RESTART_PAGES`] or more and copied it all.
         fn until_a_pass_caught_up(&self) {
             let seen = |f: &super::Flags| f.wal_pages >= super::RESTART_PAGES && f.caught_up;
@@ -591,17 +610,9 @@ mod tests {
     /// WAL over, long before SQLite's own checkpoint on the writer would (its threshold is 4×).
     #[test]
     fn the_write_after_a_caught_up_pass_starts_the_wal_over_without_the_writer_checkpointing() {
-        let wal = Wal::new();
-        // 1,200 pages in twelve commits, well under the writer's own threshold of 4,000.
-        for _ in 0..12 {
-            wal.commit(100);
-        }
-        wal.until_a_pass_caught_up();
+        let wal = Wal::past_restart_pages();
         // One more commit, which no pass has copied yet; the write after it waits for one.
-        wal.writer
-            .execute("INSERT INTO t VALUES (x'00')", [])
-            .expect("a commit");
-        wal.checkpointer.committed();
+        wal.commit_one();
         let before = wal.restarts();
         assert!(
             wal.checkpointer.before_write(),
@@ -626,21 +637,14 @@ mod tests {
     /// before every write meanwhile, and the WAL starts over once the reader is done.
     #[test]
     fn a_reader_holding_a_snapshot_does_not_make_every_write_wait() {
-        let wal = Wal::new();
-        for _ in 0..12 {
-            wal.commit(100);
-        }
-        wal.until_a_pass_caught_up();
+        let wal = Wal::past_restart_pages();
         // A read that begins right after a commit no pass has copied yet: its snapshot ends
         // there, and no later page can be copied while it lasts.
         let reader = Wal::open(&wal.dir);
-        wal.writer
-            .execute("INSERT INTO t VALUES (x'00')", [])
-            .expect("a commit");
+        wal.commit_one();
         reader
             .execute_batch("BEGIN; SELECT count(*) FROM t;")
             .expect("a read transaction");
-        wal.checkpointer.committed();
         // 3,000 pages over about half a second, long enough for passes to see the WAL grow.
         let due = (0..30)
             .filter(|_| {
