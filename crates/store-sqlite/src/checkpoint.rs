@@ -171,6 +171,7 @@ impl Checkpointer {
         }
         let last_commit = flags.committed;
         if flags.passed < last_commit {
+            let started = Instant::now();
             flags.wanted = true;
             self.shared.work.notify_one();
             flags = self
@@ -180,6 +181,8 @@ impl Checkpointer {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
             flags.wanted = false;
+            metrics::histogram!("hooklatch_store_wal_restart_wait_seconds")
+                .record(started.elapsed().as_secs_f64());
         }
         flags.restart_at = flags.wal_pages + RESTART_PAGES;
         true
