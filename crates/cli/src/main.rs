@@ -122,6 +122,9 @@ Examples:
   # Open loop at 2,000 requests/s for 10 s (latency from each request's due time):
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --rate 2000 --duration 10s --events 20000
 
+  # The same after 2 s of the same load that is not counted (a gateway's steady state):
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --rate 2000 --warmup 2s --duration 10s --events 20000
+
   # End-to-end delivery: the gateway's destination is http://127.0.0.1:9090/sink
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 5000 --sink-listen 127.0.0.1:9090
 
@@ -504,6 +507,12 @@ struct BenchArgs {
     /// requests of 10 ms at --rate, 8 to 512].
     #[arg(long, value_name = "N", requires = "rate", value_parser = clap::value_parser!(u32).range(1..=65536))]
     connections: Option<u32>,
+    /// Open loop: first send the same load for this long, with events of its own, and count
+    /// none of it; the measured requests (and --duration) follow without a pause. A gateway
+    /// just started opens its store connections and prepares its statements on its first
+    /// requests, which a short run would otherwise measure [default: none].
+    #[arg(long, value_name = "DURATION", requires = "rate", value_parser = duration_arg)]
+    warmup: Option<Duration>,
     /// Stop sending new requests after this long.
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     duration: Option<Duration>,
@@ -983,6 +992,7 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         duration: args.duration,
         timeout: args.timeout,
         connections: args.connections.map(|n| n as usize),
+        warmup: args.warmup,
     };
     if let (Some(want), Some(addr)) = (args.drain, args.sink_listen) {
         return client_runtime()?.block_on(async {
@@ -1021,6 +1031,7 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
                 Load::Rate(r) => serde_json::json!({
                     "rate": r,
                     "connections": opts.connections.unwrap_or_else(|| bench::warm_connections(r)),
+                    "warmup_s": opts.warmup.map_or(0.0, |w| w.as_secs_f64()),
                 }),
             },
         });
@@ -1030,13 +1041,14 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             let bar = progress_bar(total, args.json);
             let tick = bar.clone();
             bar.set_message("baseline");
-            let cpu = bench::CpuSpan::start(None);
+            let cpu = CpuAtStart::default();
             let report = bench::run(
                 plan.clone(),
                 &format!("http://{}", server.addr),
                 &opts,
                 "baseline (hyper, 200)",
                 std::sync::Arc::new(move || tick.inc(1)),
+                cpu.start(None),
             )
             .await?;
             let cpu = cpu.finish();
@@ -1066,13 +1078,14 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         let bar = progress_bar(total, args.json);
         bar.set_message("hooklatch");
         let tick = bar.clone();
-        let cpu = bench::CpuSpan::start(args.pid);
+        let cpu = CpuAtStart::default();
         let report = bench::run(
             plan.clone(),
             &opts.target,
             &opts,
             "hooklatch",
             std::sync::Arc::new(move || tick.inc(1)),
+            cpu.start(args.pid),
         )
         .await?;
         let cpu = cpu.finish();
@@ -1130,6 +1143,27 @@ fn bench(args: BenchArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             Outcome::Failed
         })
     })
+}
+
+/// The CPU span of a bench run's measured requests, started by the run when the first of
+/// them is due (after its warm-up).
+#[derive(Default)]
+struct CpuAtStart(std::sync::Arc<std::sync::Mutex<Option<hooklatch::bench::CpuSpan>>>);
+
+impl CpuAtStart {
+    fn start(&self, pid: Option<u32>) -> Box<dyn FnOnce() + Send> {
+        let slot = self.0.clone();
+        Box::new(move || {
+            *slot.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(hooklatch::bench::CpuSpan::start(pid));
+        })
+    }
+
+    fn finish(&self) -> hooklatch::bench::CpuUse {
+        let span = self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+        span.unwrap_or_else(|| hooklatch::bench::CpuSpan::start(None))
+            .finish()
+    }
 }
 
 fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {

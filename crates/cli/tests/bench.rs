@@ -211,7 +211,7 @@ fn an_open_loop_keeps_its_connections_and_counts_every_answer() {
     );
     assert_eq!(
         doc["load"],
-        serde_json::json!({"rate": 400.0, "connections": 4}),
+        serde_json::json!({"rate": 400.0, "connections": 4, "warmup_s": 0.0}),
         "{doc:#}"
     );
     let run = &doc["hooklatch"];
@@ -222,6 +222,37 @@ fn an_open_loop_keeps_its_connections_and_counts_every_answer() {
 
     // The connections it opened before its clock started (GET /, a 404) left no history:
     // the gateway holds the 111 requests of the run and nothing else.
+    assert_eq!(captures(admin), 111);
+
+    // After a warm-up of 100 ms at 400/s (40 requests, of their own events) the run counts
+    // only its own 50; the gateway got all 90.
+    let doc = bench_json(
+        ingest,
+        &[
+            "--events",
+            "50",
+            "--rate",
+            "400",
+            "--connections",
+            "4",
+            "--warmup",
+            "100ms",
+        ],
+    );
+    assert_eq!(doc["load"]["warmup_s"], 0.1, "{doc:#}");
+    let run = &doc["hooklatch"];
+    assert_eq!(run["sent"], 50, "{doc:#}");
+    assert_eq!(run["statuses"], serde_json::json!({"200": 50}), "{doc:#}");
+    assert_eq!(
+        run["answers"],
+        serde_json::json!({"accepted": 50}),
+        "{doc:#}"
+    );
+    assert_eq!(captures(admin), 111 + 40 + 50);
+}
+
+/// The requests the gateway on `admin` holds in its history (`hooklatch events export`).
+fn captures(admin: u16) -> usize {
     let export = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
         .args(["events", "export", "--limit", "1000", "--admin"])
         .arg(format!("http://127.0.0.1:{admin}"))
@@ -234,11 +265,10 @@ fn an_open_loop_keeps_its_connections_and_counts_every_answer() {
         String::from_utf8_lossy(&export.stderr)
     );
     let captures: Value = serde_json::from_slice(&export.stdout).expect("an export");
-    assert_eq!(
-        captures["captures"].as_array().map(Vec::len),
-        Some(111),
-        "{captures:#}"
-    );
+    captures["captures"]
+        .as_array()
+        .map(Vec::len)
+        .unwrap_or_else(|| panic!("no captures in {captures:#}"))
 }
 
 #[test]

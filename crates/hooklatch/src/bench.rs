@@ -27,6 +27,15 @@
 //! every request due meanwhile (570 to 890 at 9,500 requests/s, where about 25 are in
 //! flight), and the connection storm, not the server, set the next 100–250 ms of latency.
 //!
+//! **The warm-up.** With `warmup`, an open loop first sends the same rate for that long, with
+//! events of its own (and their share of copies), and counts none of it: the measured requests
+//! follow on the same clock and connections without a pause. Over a 10 s run at half load,
+//! the first 100–300 ms set the p99: a gateway just started (or idle until then) opens its
+//! store connections and prepares its statements on its first requests, answered in up to
+//! 20–50 ms, so every connection is busy and the requests due meanwhile wait for one
+//! (a packet capture on loopback showed it; BENCHMARKS.md). wrk2 leaves out its first 10 s
+//! for the same reason.
+//!
 //! **Alongside.** [`baseline_server`] is a minimal hyper server answering 200 to anything: the
 //! HTTP ceiling of the machine, run with the same plan and the same client. [`Sink`] is a
 //! destination that records the first delivery of each `Idempotency-Key`, for delivery
@@ -74,6 +83,9 @@ pub struct BenchOptions {
     /// Open loop only: the most connections it keeps (default [`warm_connections`] of the
     /// rate), all opened before its clock starts.
     pub connections: Option<usize>,
+    /// Open loop only: send the same load for this long before the measured requests, with
+    /// events of its own, and count none of it (see the module doc).
+    pub warmup: Option<Duration>,
 }
 
 /// How requests are paced.
@@ -99,26 +111,38 @@ pub struct Prepared {
 /// The requests of a run, in sending order: indexes into `events`, with whether it is a copy.
 #[derive(Debug)]
 pub struct Plan {
-    /// The distinct events, pre-signed.
+    /// The distinct events, pre-signed: the warm-up's first, then the measured ones.
     pub events: Vec<Prepared>,
-    /// Sending order: `(event index, is a duplicate)`.
+    /// Sending order: `(event index, is a duplicate)`; the first `warmup` are the warm-up's.
     pub order: Vec<(usize, bool)>,
+    /// How many of `order` are the warm-up's, sent first and counted nowhere.
+    pub warmup: usize,
 }
 
 impl Plan {
-    /// Requests in all.
+    /// Measured requests in all.
     pub fn len(&self) -> usize {
-        self.order.len()
+        self.order.len() - self.warmup
     }
 
-    /// Whether there is nothing to send.
+    /// Whether there is nothing to measure.
     pub fn is_empty(&self) -> bool {
-        self.order.is_empty()
+        self.len() == 0
     }
 
-    /// Duplicates in the plan.
+    /// Duplicates among the measured requests.
     pub fn duplicates(&self) -> usize {
-        self.order.iter().filter(|(_, dup)| *dup).count()
+        self.measured().iter().filter(|(_, dup)| *dup).count()
+    }
+
+    /// The measured requests, in sending order.
+    pub fn measured(&self) -> &[(usize, bool)] {
+        &self.order[self.warmup..]
+    }
+
+    /// The measured distinct events.
+    pub fn measured_events(&self) -> usize {
+        self.measured().iter().filter(|(_, dup)| !*dup).count()
     }
 }
 
@@ -137,12 +161,25 @@ pub fn plan(opts: &BenchOptions) -> anyhow::Result<Plan> {
         (0.0..=0.9).contains(&opts.duplicates),
         "--duplicates is a share of all requests between 0.0 and 0.9"
     );
+    let warmup_events = match (opts.warmup, opts.load) {
+        (None, _) => 0,
+        (Some(w), _) if w.is_zero() => 0,
+        (Some(w), Load::Rate(rate)) => {
+            // Requests due during the warm-up, of which the duplicates' share are copies.
+            let requests = (rate * w.as_secs_f64()).round();
+            ((requests * (1.0 - opts.duplicates)).ceil() as u64).max(1)
+        }
+        (Some(_), Load::Concurrency(_)) => {
+            anyhow::bail!("--warmup goes with an open loop (--rate), not --concurrency")
+        }
+    };
     let url = format!("{}/in/{}", opts.target.trim_end_matches('/'), opts.source);
     let adapter = crate::fixtures::signer(&opts.provider, &opts.secret)
         .ok_or_else(|| anyhow::anyhow!("no test events for provider {:?}", opts.provider))?;
     let now = Timestamp::now();
-    let mut events = Vec::with_capacity(opts.events as usize);
-    for i in 0..opts.events {
+    let total = warmup_events + opts.events;
+    let mut events = Vec::with_capacity(total as usize);
+    for i in 0..total {
         let ev = crate::fixtures::build(&opts.provider, None, None, &opts.secret, &url, now)?;
         let body = pad(&ev.body, opts.body_size, i);
         let content_type = ev
@@ -173,16 +210,32 @@ pub fn plan(opts: &BenchOptions) -> anyhow::Result<Plan> {
             body: body.into(),
         });
     }
-    let n = events.len();
-    let dups = duplicate_count(opts.events, opts.duplicates) as usize;
-    // Copy j duplicates event (j × n / dups) mod n: spread evenly. Even j go right behind their
-    // original, odd j `lag` originals later (or at the end).
-    let mut behind: HashMap<usize, usize> = HashMap::new();
-    let mut later_events: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     let lag = match opts.load {
         Load::Concurrency(k) => 2 * k as usize + 1,
         Load::Rate(r) => (r as usize).max(1),
     };
+    let mut order = mix(0, warmup_events as usize, opts.duplicates, lag);
+    let warmup = order.len();
+    order.extend(mix(
+        warmup_events as usize,
+        opts.events as usize,
+        opts.duplicates,
+        lag,
+    ));
+    Ok(Plan {
+        events,
+        order,
+        warmup,
+    })
+}
+
+/// The sending order of events `first..first + n` with the duplicates' share `f` mixed in.
+/// Copy j duplicates event (j × n / dups) mod n: spread evenly. Even j go right behind their
+/// original, odd j `lag` originals later (or at the end).
+fn mix(first: usize, n: usize, f: f64, lag: usize) -> Vec<(usize, bool)> {
+    let dups = duplicate_count(n as u64, f) as usize;
+    let mut behind: HashMap<usize, usize> = HashMap::new();
+    let mut later_events: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for j in 0..dups {
         let ev = (j * n / dups.max(1) + j / n.max(1)) % n;
         if j % 2 == 0 {
@@ -194,17 +247,17 @@ pub fn plan(opts: &BenchOptions) -> anyhow::Result<Plan> {
     let mut order = Vec::with_capacity(n + dups);
     for i in 0..n {
         if let Some(evs) = later_events.remove(&i) {
-            order.extend(evs.into_iter().map(|e| (e, true)));
+            order.extend(evs.into_iter().map(|e| (first + e, true)));
         }
-        order.push((i, false));
+        order.push((first + i, false));
         for _ in 0..behind.get(&i).copied().unwrap_or(0) {
-            order.push((i, true));
+            order.push((first + i, true));
         }
     }
     for (_, evs) in later_events {
-        order.extend(evs.into_iter().map(|e| (e, true)));
+        order.extend(evs.into_iter().map(|e| (first + e, true)));
     }
-    Ok(Plan { events, order })
+    order
 }
 
 /// Pads a JSON object body with `"bench_padding":"…"` to at least `size` bytes; other bodies
@@ -461,13 +514,16 @@ async fn open_connections(client: &reqwest::Client, base: &str, n: usize) {
     while tasks.join_next().await.is_some() {}
 }
 
-/// Runs `plan` against `{base}/in/{source}`; `progress` is called once per answered request.
+/// Runs `plan` against `{base}/in/{source}`; `progress` is called once per answered request
+/// that counts, and `at_start` once, just before the first of them is due (after the
+/// warm-up, if any).
 pub async fn run(
     plan: Arc<Plan>,
     base: &str,
     opts: &BenchOptions,
     label: &str,
     progress: Arc<dyn Fn() + Send + Sync>,
+    at_start: Box<dyn FnOnce() + Send>,
 ) -> anyhow::Result<BenchReport> {
     let url: Arc<str> = format!("{}/in/{}", base.trim_end_matches('/'), opts.source).into();
     let client = client(opts.timeout)?;
@@ -494,8 +550,18 @@ pub async fn run(
         }
         Load::Concurrency(_) => None,
     };
-    let started = Instant::now();
+    let clock = Instant::now();
+    // The measured requests' clock: after the warm-up's requests (open loop only).
+    let (started, interval) = match opts.load {
+        Load::Rate(rate) => {
+            anyhow::ensure!(rate > 0.0, "--rate must be above 0");
+            let interval = Duration::from_secs_f64(1.0 / rate);
+            (clock + interval.mul_f64(plan.warmup as f64), interval)
+        }
+        Load::Concurrency(_) => (clock, Duration::ZERO),
+    };
     let deadline = opts.duration.map(|d| started + d);
+    let warmup = plan.warmup;
     let send_one = {
         let (client, url, tally, plan, progress) = (
             client.clone(),
@@ -515,9 +581,12 @@ pub async fn run(
             async move {
                 let (ev, dup) = plan.order[i];
                 let event = &plan.events[ev];
-                tally.sent.fetch_add(1, Ordering::Relaxed);
-                if dup {
-                    tally.dups.fetch_add(1, Ordering::Relaxed);
+                let counted = i >= warmup;
+                if counted {
+                    tally.sent.fetch_add(1, Ordering::Relaxed);
+                    if dup {
+                        tally.dups.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
                 let res = client
                     .post(&*url)
@@ -539,6 +608,9 @@ pub async fn run(
                     }
                     Err(_) => ("error".to_owned(), None),
                 };
+                if !counted {
+                    return;
+                }
                 let done = Instant::now();
                 let micros = done.saturating_duration_since(due).as_micros() as u64;
                 tally
@@ -557,8 +629,12 @@ pub async fn run(
             }
         }
     };
+    let mut at_start = Some(at_start);
     match opts.load {
         Load::Concurrency(k) => {
+            if let Some(at_start) = at_start.take() {
+                at_start();
+            }
             let next = Arc::new(AtomicUsize::new(0));
             let mut workers = tokio::task::JoinSet::new();
             for _ in 0..k.max(1) {
@@ -569,7 +645,7 @@ pub async fn run(
                             break;
                         }
                         let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= plan.len() {
+                        if i >= plan.order.len() {
                             break;
                         }
                         send_one(i, Instant::now()).await;
@@ -578,16 +654,19 @@ pub async fn run(
             }
             while workers.join_next().await.is_some() {}
         }
-        Load::Rate(rate) => {
-            anyhow::ensure!(rate > 0.0, "--rate must be above 0");
-            let interval = Duration::from_secs_f64(1.0 / rate);
+        Load::Rate(_) => {
             let mut tasks = tokio::task::JoinSet::new();
-            for i in 0..plan.len() {
-                let due = started + interval.mul_f64(i as f64);
+            for i in 0..plan.order.len() {
+                let due = clock + interval.mul_f64(i as f64);
                 if deadline.is_some_and(|d| due >= d) {
                     break;
                 }
                 tokio::time::sleep_until(due.into()).await;
+                if i == warmup {
+                    if let Some(at_start) = at_start.take() {
+                        at_start();
+                    }
+                }
                 let request = send_one(i, due);
                 let connections = connections.clone();
                 tasks.spawn(async move {
@@ -603,6 +682,9 @@ pub async fn run(
             }
             while tasks.join_next().await.is_some() {}
         }
+    }
+    if let Some(at_start) = at_start.take() {
+        at_start();
     }
     let elapsed = started.elapsed();
     drop(send_one);
@@ -1320,7 +1402,109 @@ mod tests {
             duration: None,
             timeout: Duration::from_secs(1),
             connections: None,
+            warmup: None,
         }
+    }
+
+    #[test]
+    fn a_warm_up_comes_first_with_events_of_its_own_and_counts_nowhere() {
+        let warm = BenchOptions {
+            load: Load::Rate(1_000.0),
+            warmup: Some(Duration::from_millis(500)),
+            ..opts(200, 0.1, 0)
+        };
+        let p = plan(&warm).unwrap();
+        // 500 requests due in the warm-up's 0.5 s: 450 events and 50 copies of them.
+        assert_eq!(p.warmup, 500);
+        assert_eq!(p.events.len(), 450 + 200);
+        assert!(p.order[..p.warmup].iter().all(|(e, _)| *e < 450));
+        // What is measured is what the same options without a warm-up measure.
+        assert_eq!(
+            (p.len(), p.duplicates(), p.measured_events()),
+            (222, 22, 200)
+        );
+        assert!(p.measured().iter().all(|(e, _)| *e >= 450));
+        let cold = plan(&BenchOptions {
+            warmup: None,
+            ..warm.clone()
+        })
+        .unwrap();
+        assert_eq!(cold.warmup, 0);
+        let shifted: Vec<(usize, bool)> = cold.order.iter().map(|(e, d)| (e + 450, *d)).collect();
+        assert_eq!(p.measured(), &shifted[..]);
+        // A closed loop has no due times to warm up at.
+        let closed = BenchOptions {
+            warmup: Some(Duration::from_secs(1)),
+            ..opts(10, 0.0, 0)
+        };
+        let err = plan(&closed).unwrap_err().to_string();
+        assert!(err.contains("--rate"), "{err}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_warm_up_is_sent_but_only_the_requests_after_it_are_counted() {
+        // A server counting the requests it answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let answered = Arc::new(AtomicUsize::new(0));
+        let counting = answered.clone();
+        tokio::spawn(serve_loop(
+            listener,
+            move |req: http::Request<hyper::body::Incoming>| {
+                let counting = counting.clone();
+                async move {
+                    let ingest = req.method() == http::Method::POST;
+                    drain(req.into_body()).await;
+                    if ingest {
+                        counting.fetch_add(1, Ordering::SeqCst);
+                    }
+                    http::Response::builder()
+                        .body(r#"{"status":"accepted"}"#.to_owned())
+                        .expect("a valid response")
+                }
+            },
+        ));
+        let warm = BenchOptions {
+            target: base.clone(),
+            load: Load::Rate(400.0),
+            warmup: Some(Duration::from_millis(100)),
+            connections: Some(4),
+            ..opts(20, 0.0, 0)
+        };
+        let plan = Arc::new(plan(&warm).unwrap());
+        assert_eq!((plan.warmup, plan.len()), (40, 20));
+        let ticks = Arc::new(AtomicUsize::new(0));
+        let tick = ticks.clone();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let start = starts.clone();
+        let answered_at_start = Arc::new(AtomicUsize::new(usize::MAX));
+        let (seen, at) = (answered.clone(), answered_at_start.clone());
+        let report = run(
+            plan,
+            &base,
+            &warm,
+            "warm",
+            Arc::new(move || {
+                tick.fetch_add(1, Ordering::SeqCst);
+            }),
+            Box::new(move || {
+                start.fetch_add(1, Ordering::SeqCst);
+                at.store(seen.load(Ordering::SeqCst), Ordering::SeqCst);
+            }),
+        )
+        .await
+        .unwrap();
+        // The server answered all 60 ingests (and the connections' four `GET /`); the
+        // report and the progress count the 20 measured ones.
+        assert_eq!(answered.load(Ordering::SeqCst), 60);
+        assert_eq!(report.sent, 20);
+        assert_eq!(report.latency.len(), 20);
+        assert_eq!(report.acks.len(), 20);
+        assert_eq!(report.statuses.get("200"), Some(&20));
+        assert_eq!(ticks.load(Ordering::SeqCst), 20);
+        // `at_start` ran once, before any measured request was answered.
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        assert!(answered_at_start.load(Ordering::SeqCst) <= 40);
     }
 
     #[test]
