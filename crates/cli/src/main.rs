@@ -509,8 +509,8 @@ struct BenchArgs {
     connections: Option<u32>,
     /// Open loop: first send the same load for this long, with events of its own, and count
     /// none of it; the measured requests (and --duration) follow without a pause. A gateway
-    /// just started opens its store connections and prepares its statements on its first
-    /// requests, which a short run would otherwise measure [default: none].
+    /// just started answers its first requests more slowly (PostgreSQL: 30-70 ms), which a
+    /// short run would otherwise measure [default: none].
     #[arg(long, value_name = "DURATION", requires = "rate", value_parser = duration_arg)]
     warmup: Option<Duration>,
     /// Stop sending new requests after this long.

@@ -30,11 +30,10 @@
 //! **The warm-up.** With `warmup`, an open loop first sends the same rate for that long, with
 //! events of its own (and their share of copies), and counts none of it: the measured requests
 //! follow on the same clock and connections without a pause. Over a 10 s run at half load,
-//! the first 100–300 ms set the p99: a gateway just started (or idle until then) opens its
-//! store connections and prepares its statements on its first requests, answered in up to
-//! 20–50 ms, so every connection is busy and the requests due meanwhile wait for one
-//! (a packet capture on loopback showed it; BENCHMARKS.md). wrk2 leaves out its first 10 s
-//! for the same reason.
+//! the first 100–300 ms set the p99: a PostgreSQL gateway just started answers its first
+//! requests in 30–70 ms (its new backends' first statements), so every connection is busy
+//! and the requests due meanwhile wait for one (a packet capture on loopback showed it;
+//! BENCHMARKS.md). wrk2 leaves out its first 10 s for the same reason.
 //!
 //! **Alongside.** [`baseline_server`] is a minimal hyper server answering 200 to anything: the
 //! HTTP ceiling of the machine, run with the same plan and the same client. [`Sink`] is a
