@@ -397,7 +397,10 @@ pub(crate) fn configure_writer(conn: &Connection) -> rusqlite::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
+
+    use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, SharedString, Unit};
 
     use super::{Pace, Pass};
 
@@ -608,6 +611,51 @@ mod tests {
         }
     }
 
+    /// A recorder keeping every histogram value recorded through it, with its metric's name
+    /// (for `metrics::with_local_recorder`).
+    #[derive(Default)]
+    struct Histograms(Arc<Mutex<Vec<(String, f64)>>>);
+
+    struct Values {
+        name: String,
+        into: Arc<Mutex<Vec<(String, f64)>>>,
+    }
+
+    impl metrics::HistogramFn for Values {
+        fn record(&self, value: f64) {
+            self.into.lock().unwrap().push((self.name.clone(), value));
+        }
+    }
+
+    impl Histograms {
+        fn of(&self, name: &str) -> Vec<f64> {
+            let values = self.0.lock().unwrap();
+            values
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| *v)
+                .collect()
+        }
+    }
+
+    impl metrics::Recorder for Histograms {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(Arc::new(Values {
+                name: key.name().to_owned(),
+                into: self.0.clone(),
+            }))
+        }
+    }
+
     /// The writer's wait: once a pass saw the WAL past [`super::RESTART_PAGES`], the write
     /// after the next commit waits for a pass that copied that commit too, and so starts the
     /// WAL over, long before SQLite's own checkpoint on the writer would (its threshold is 4×).
@@ -617,9 +665,16 @@ mod tests {
         // One more commit, which no pass has copied yet; the write after it waits for one.
         wal.commit_one();
         let before = wal.restarts();
+        let waits = Histograms::default();
         assert!(
-            wal.checkpointer.before_write(),
+            metrics::with_local_recorder(&waits, || wal.checkpointer.before_write()),
             "the WAL is due to start over"
+        );
+        // The wait is in the metric operators read.
+        let recorded = waits.of("hooklatch_store_wal_restart_wait_seconds");
+        assert!(
+            recorded.len() == 1 && recorded[0] > 0.0,
+            "one wait recorded: {recorded:?}"
         );
         wal.writer
             .execute("INSERT INTO t VALUES (x'00')", [])
