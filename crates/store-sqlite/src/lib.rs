@@ -21,6 +21,8 @@ mod checkpoint;
 mod history;
 mod ingest;
 mod outbox;
+#[cfg(test)]
+mod recorded;
 pub mod schema;
 pub mod serving;
 mod writer;

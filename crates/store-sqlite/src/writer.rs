@@ -176,9 +176,14 @@ fn begin(conn: &Connection, batch: &mut Vec<Box<dyn Job>>) -> bool {
 
 /// Commits the open transaction, then answers every job that ran in it.
 fn commit(conn: &Connection, ran: &mut Vec<Box<dyn Job>>) {
+    let started = std::time::Instant::now();
     let commit = conn.execute_batch("COMMIT").map_err(map_err);
     match &commit {
         Ok(()) => {
+            // The WAL frames' writes and their fsync: what every caller in the batch waited
+            // for after its own work ran.
+            metrics::histogram!("hooklatch_store_commit_seconds")
+                .record(started.elapsed().as_secs_f64());
             metrics::histogram!("hooklatch_store_group_commit_jobs").record(ran.len() as f64);
         }
         Err(err) => {
@@ -260,6 +265,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::{commit_batch, Job, Pending};
+    use crate::recorded::Histograms;
     use hooklatch_core::StoreError;
 
     type Answer = oneshot::Receiver<Result<i64, StoreError>>;
@@ -321,6 +327,36 @@ mod tests {
         assert_eq!(runs.load(Ordering::Relaxed), 3, "each job ran once");
         assert_eq!(rows(&conn).len(), 3);
         assert!(conn.is_autocommit(), "the transaction is closed");
+    }
+
+    /// Each group commit shows in the two metrics operators read: how long its `COMMIT` (the
+    /// WAL's writes and fsync) took, and how many jobs it answered.
+    #[test]
+    fn a_group_commit_records_its_commit_time_and_its_jobs() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let conn = Connection::open(dir.path().join("t.db")).expect("a database file");
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+             CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
+        )
+        .expect("table");
+        let (mut batch, mut answers) = (Vec::new(), Vec::new());
+        for v in ["a", "b"] {
+            let (j, a) = job(move |c| insert(c, v));
+            batch.push(j);
+            answers.push(a);
+        }
+        let recorded = Histograms::default();
+        metrics::with_local_recorder(&recorded, || commit_batch(&conn, &mut batch));
+        for answer in answers {
+            answer.blocking_recv().expect("a reply").expect("committed");
+        }
+        let commits = recorded.of("hooklatch_store_commit_seconds");
+        assert!(
+            commits.len() == 1 && commits[0] > 0.0 && commits[0] < 60.0,
+            "one commit's time, in seconds: {commits:?}"
+        );
+        assert_eq!(recorded.of("hooklatch_store_group_commit_jobs"), vec![2.0]);
     }
 
     /// One job fails after writing: its write is undone, its caller hears its error, and its
