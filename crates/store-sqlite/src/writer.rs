@@ -334,12 +334,11 @@ mod tests {
     #[test]
     fn a_group_commit_records_its_commit_time_and_its_jobs() {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let conn = Connection::open(dir.path().join("t.db")).expect("a database file");
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
-             CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)",
-        )
-        .expect("table");
+        // The store's own durability settings (WAL, `synchronous=FULL`), so the commit fsyncs.
+        let conn =
+            crate::open_connection(&dir.path().join("t.db"), false).expect("a database file");
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+            .expect("table");
         let (mut batch, mut answers) = (Vec::new(), Vec::new());
         for v in ["a", "b"] {
             let (j, a) = job(move |c| insert(c, v));
