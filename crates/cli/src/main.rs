@@ -68,6 +68,29 @@ Examples:
   # What there is to send:
   hooklatch send --list")]
     Send(SendArgs),
+    /// Receive a gateway's events on this machine: connect to a `listen` destination and send
+    /// each delivery on to a local URL, byte-exact.
+    #[command(after_help = "\
+Examples:
+  # The gateway's config has a destination for this laptop:
+  #   [[destinations]]
+  #   name = \"laptop\"
+  #   listen_token = \"env:HOOKLATCH_LISTEN_TOKEN\"
+  # and a source delivering to it. On the laptop, with the same token:
+  HOOKLATCH_LISTEN_TOKEN=... hooklatch listen laptop --gateway https://hooks.example.com --forward-to http://127.0.0.1:3000/webhooks/stripe
+
+  # Against a gateway on this machine started with examples/listen.toml:
+  HOOKLATCH_LISTEN_TOKEN=dev-listen-token-0123456789 hooklatch listen laptop \\
+    --gateway http://127.0.0.1:8080 --forward-to http://127.0.0.1:3000/webhooks
+
+Each line printed is one delivery: the local status (or ERR and why), its dlv_ id and attempt,
+its Idempotency-Key, its event type and how long the local URL took. Deliveries keep their
+original headers and body, plus Idempotency-Key and the hooklatch-* headers (and a Standard
+Webhooks signature when the destination has a secret). A non-2xx answer is retried by the
+gateway's policy. Events that arrive while this is not running wait in the gateway's outbox and
+come on reconnect. Stop with ctrl-c. Exit status: 2 when the gateway refuses the token or the
+destination, or another listener takes the destination over.")]
+    Listen(ListenArgs),
     /// Send a captured delivery again, N times, K at once: at a handler, or through the gateway.
     #[command(after_help = "\
 Examples:
@@ -177,6 +200,25 @@ Examples:
         #[arg(long)]
         print_defaults: bool,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct ListenArgs {
+    /// The gateway's `listen` destination to receive.
+    destination: String,
+    /// The gateway's public base URL (where it serves /in/...).
+    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    gateway: String,
+    /// The destination's listen_token: a literal, env:NAME or file:PATH.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        default_value = "env:HOOKLATCH_LISTEN_TOKEN"
+    )]
+    token: String,
+    /// Where to POST each delivery on this machine.
+    #[arg(long, value_name = "URL")]
+    forward_to: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -592,6 +634,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Passed)
         }
         Command::Send(args) => send(args, &env).map(|()| Outcome::Passed),
+        Command::Listen(args) => listen(args, &env).map(|()| Outcome::Passed),
         Command::Replay(args) => replay(args, &env),
         Command::Check(args) => check(args, &env),
         Command::Bench(args) => bench(args, &env),
@@ -686,6 +729,38 @@ async fn cancel_on_signal(cancel: CancellationToken) {
         let _ = tokio::signal::ctrl_c().await;
     }
     cancel.cancel();
+}
+
+fn listen(args: ListenArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+    let url = |flag: &str, text: &str| -> anyhow::Result<reqwest::Url> {
+        let url = reqwest::Url::parse(text).with_context(|| format!("{flag} {text:?}"))?;
+        anyhow::ensure!(
+            matches!(url.scheme(), "http" | "https"),
+            "{flag} must be an http:// or https:// URL"
+        );
+        Ok(url)
+    };
+    let options = hooklatch::listener::ListenOptions {
+        gateway: url("--gateway", &args.gateway)?,
+        destination: args.destination,
+        token: config::read_secret("--token", &args.token, env, None)?,
+        forward_to: url("--forward-to", &args.forward_to)?,
+    };
+    println!(
+        "listening for {:?} on {}, forwarding to {}",
+        options.destination, options.gateway, options.forward_to
+    );
+    client_runtime()?.block_on(async {
+        let cancel = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(cancel.clone()));
+        hooklatch::listener::run(options, cancel, |event| {
+            use std::io::Write;
+            // A closed stdout (`| head`) loses the line, and never stops the listener.
+            let now = Timestamp::now();
+            let _ = writeln!(std::io::stdout().lock(), "{}  {event}", now.to_rfc3339());
+        })
+        .await
+    })
 }
 
 fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {

@@ -368,6 +368,11 @@ pub enum AttemptNext {
     RetryAt(Timestamp),
     /// Failed for good: move to the dead-letter.
     DeadLetter,
+    /// Not attempted: nothing could take it now (a `listen` destination with no listener
+    /// connected). Due again at this time, the lease released; no attempt is recorded or
+    /// counted, so a delivery may wait like this for as long as its destination is away
+    /// without nearing its dead-letter. The result's status and error are ignored.
+    Wait(Timestamp),
 }
 
 /// A delivery's state.
@@ -627,6 +632,12 @@ pub trait Store: Send + Sync + 'static {
     /// shutdown), making the rows due again. A lease that has ended needs no release: its row
     /// is due already.
     async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError>;
+
+    /// Makes `destination`'s pending deliveries that nobody holds a running lease on due at
+    /// `now`, where they were due later: a `listen` client connecting gets what waited for it
+    /// ([`AttemptNext::Wait`]) and what was waiting out a retry's backoff at once. Touches no
+    /// attempt count. Returns how many rows it moved.
+    async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError>;
 
     /// The earliest time a pending, unleased delivery becomes due, if any.
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError>;

@@ -148,7 +148,8 @@ pub struct Destination {
     pub retry: RetryPolicy,
 }
 
-/// What a destination is: an HTTP endpoint (`url`) or a RabbitMQ exchange (`amqp`).
+/// What a destination is: an HTTP endpoint (`url`), a RabbitMQ exchange (`amqp`), or a
+/// developer's machine connected with `hooklatch listen` (`listen_token`).
 #[derive(Debug, Clone)]
 pub enum DestinationKind {
     /// POST to an HTTP endpoint.
@@ -160,6 +161,14 @@ pub enum DestinationKind {
     },
     /// Publish to a RabbitMQ exchange, persistent, confirmed and mandatory.
     Amqp(AmqpSettings),
+    /// Hand to the `hooklatch listen` client connected for this destination, which sends it
+    /// on to a local URL; while none is connected, deliveries wait in the outbox.
+    Listen {
+        /// The bearer token a listener presents.
+        token: Secret,
+        /// Signs deliveries (Standard Webhooks scheme) when set, as for HTTP.
+        secret: Option<Secret>,
+    },
 }
 
 /// A RabbitMQ destination's settings.
@@ -286,6 +295,7 @@ struct RawDestination {
     url: Option<String>,
     secret: Option<String>,
     amqp: Option<String>,
+    listen_token: Option<String>,
     exchange: Option<String>,
     routing_key: Option<String>,
     declare: Option<bool>,
@@ -297,6 +307,71 @@ struct RawDestination {
     max_backoff: Option<Value>,
     jitter: Option<f64>,
     max_age: Option<Value>,
+}
+
+/// The keys only an `amqp` destination takes, and whether `rd` sets each.
+fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 5] {
+    [
+        ("exchange", rd.exchange.is_some()),
+        ("routing_key", rd.routing_key.is_some()),
+        ("declare", rd.declare.is_some()),
+        ("queue", rd.queue.is_some()),
+        ("quorum", rd.quorum.is_some()),
+    ]
+}
+
+/// A destination's optional Standard Webhooks signing `secret`, checked.
+fn signing_secret(
+    key: &str,
+    rd: &RawDestination,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Option<Secret>, ConfigError> {
+    let secret = rd
+        .secret
+        .as_deref()
+        .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
+        .transpose()?;
+    if secret.as_ref().is_some_and(|s| decode_secret(s).is_none()) {
+        return Err(err(
+            format!("{key}.secret"),
+            "a secret starting with whsec_ must continue with base64 (Standard Webhooks format)",
+        ));
+    }
+    Ok(secret)
+}
+
+/// A `listen_token` destination, checked: no `url` nor `amqp`, no broker keys, a token long
+/// enough to be a secret.
+fn listen_kind(
+    key: &str,
+    rd: &RawDestination,
+    reference: &str,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<DestinationKind, ConfigError> {
+    let other = [("url", rd.url.is_some()), ("amqp", rd.amqp.is_some())];
+    if let Some((field, _)) = other.iter().find(|(_, set)| *set) {
+        return Err(err(
+            format!("{key}.{field}"),
+            "a listen destination (listen_token) has no url or amqp: its listener says where events go",
+        ));
+    }
+    if let Some((field, _)) = amqp_only_keys(rd).iter().find(|(_, set)| *set) {
+        return Err(err(
+            format!("{key}.{field}"),
+            "applies only to amqp destinations",
+        ));
+    }
+    let token = read_secret(&format!("{key}.listen_token"), reference, env, base_dir)?;
+    if token.expose().len() < 16 {
+        return Err(err(
+            format!("{key}.listen_token"),
+            "must be at least 16 characters (generate one with `openssl rand -hex 32`)",
+        ));
+    }
+    let secret = signing_secret(key, rd, env, base_dir)?;
+    Ok(DestinationKind::Listen { token, secret })
 }
 
 /// The scheme of AMQP over TLS, refused: this build has no TLS stack for RabbitMQ.
@@ -315,6 +390,9 @@ fn destination_kind(
     env: &HashMap<String, String>,
     base_dir: Option<&Path>,
 ) -> Result<DestinationKind, ConfigError> {
+    if let Some(reference) = &rd.listen_token {
+        return listen_kind(key, rd, reference, env, base_dir);
+    }
     match (&rd.url, &rd.amqp) {
         (Some(_), Some(_)) => Err(err(
             format!("{key}.amqp"),
@@ -322,17 +400,11 @@ fn destination_kind(
         )),
         (None, None) => Err(err(
             format!("{key}.url"),
-            "is required (or amqp = \"amqp://…\" for a RabbitMQ destination)",
+            "is required (or amqp = \"amqp://…\" for a RabbitMQ destination, or \
+             listen_token = \"env:…\" for a `hooklatch listen` client)",
         )),
         (Some(raw_url), None) => {
-            let amqp_only = [
-                ("exchange", rd.exchange.is_some()),
-                ("routing_key", rd.routing_key.is_some()),
-                ("declare", rd.declare.is_some()),
-                ("queue", rd.queue.is_some()),
-                ("quorum", rd.quorum.is_some()),
-            ];
-            if let Some((field, _)) = amqp_only.iter().find(|(_, set)| *set) {
+            if let Some((field, _)) = amqp_only_keys(rd).iter().find(|(_, set)| *set) {
                 return Err(err(
                     format!("{key}.{field}"),
                     "applies only to amqp destinations",
@@ -342,17 +414,7 @@ fn destination_kind(
             if !matches!(url.scheme(), "http" | "https") {
                 return Err(err(format!("{key}.url"), "must be http:// or https://"));
             }
-            let secret = rd
-                .secret
-                .as_deref()
-                .map(|s| read_secret(&format!("{key}.secret"), s, env, base_dir))
-                .transpose()?;
-            if secret.as_ref().is_some_and(|s| decode_secret(s).is_none()) {
-                return Err(err(
-                    format!("{key}.secret"),
-                    "a secret starting with whsec_ must continue with base64 (Standard Webhooks format)",
-                ));
-            }
+            let secret = signing_secret(key, rd, env, base_dir)?;
             Ok(DestinationKind::Http { url, secret })
         }
         (None, Some(reference)) => {
@@ -1360,6 +1422,62 @@ tolerance = "30s"
         assert_eq!(parse_size("10MB"), Some(10_000_000));
         assert_eq!(parse_size("12"), Some(12));
         assert_eq!(parse_size("1 parsec"), None);
+    }
+
+    #[test]
+    fn listen_destinations_are_checked_and_never_show_their_token() {
+        let listen = |rest: &str| {
+            EXAMPLE.replace(
+                "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+                &format!("listen_token = \"env:LISTEN_TOKEN\"\n{rest}"),
+            )
+        };
+        let token = "listen-token-0123456789abcdef";
+        let e = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("LISTEN_TOKEN", token),
+        ]);
+        let s = load_str(&listen("max_attempts = 4"), &e).unwrap();
+        let d = &s.destinations[0];
+        assert_eq!(d.retry.max_attempts, 4);
+        let DestinationKind::Listen { token: t, secret } = &d.kind else {
+            panic!("{d:?}")
+        };
+        assert_eq!(t.expose(), token.as_bytes());
+        assert!(secret.is_none());
+        assert!(!format!("{d:?}").contains(token));
+
+        let check = |toml: &str, env: &HashMap<String, String>, expect: &str| {
+            let msg = load_str(toml, env).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+            assert!(!msg.contains(token), "{msg}");
+        };
+        check(
+            &listen("url = \"http://h/\""),
+            &e,
+            "destinations[0].url: a listen destination (listen_token) has no url or amqp",
+        );
+        check(
+            &listen("exchange = \"x\""),
+            &e,
+            "destinations[0].exchange: applies only to amqp destinations",
+        );
+        check(
+            &listen("secret = \"whsec_!!\""),
+            &e,
+            "destinations[0].secret: a secret starting with whsec_ must continue with base64",
+        );
+        let short = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("LISTEN_TOKEN", "short"),
+        ]);
+        check(
+            &listen(""),
+            &short,
+            "destinations[0].listen_token: must be at least 16 characters",
+        );
     }
 
     #[test]

@@ -43,6 +43,7 @@ use reqwest::header::HeaderValue;
 use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher};
 
 use crate::config::{Destination, DestinationKind};
+use crate::listen::{Forwarded, ListenHub};
 
 /// Request headers never forwarded: hop-by-hop headers, ones the HTTP client sets itself, and
 /// the Standard Webhooks headers hooklatch writes with its own signature.
@@ -93,6 +94,8 @@ pub struct Worker {
     pub(crate) enqueued: Arc<Notify>,
     /// New deliveries handed over by ingest, leased to this worker already.
     pub(crate) handoff: Arc<Handoff>,
+    /// The listeners connected for `listen` destinations.
+    pub(crate) listen: Arc<ListenHub>,
     /// Set by a task whose attempt scheduled a retry: the store's next due time may now be
     /// earlier than the one the dispatcher last heard ([`NextDue`]).
     pub(crate) retry_scheduled: AtomicBool,
@@ -345,18 +348,11 @@ impl Worker {
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let Some(dest) = self.destinations.get(&delivery.destination).cloned() else {
-            return AttemptResult {
-                delivery: delivery.id,
-                owner: self.owner.clone(),
-                started_at,
-                latency: Duration::ZERO,
-                status: None,
-                error: Some(format!(
-                    "destination {:?} is no longer configured",
-                    delivery.destination
-                )),
-                next: AttemptNext::DeadLetter,
-            };
+            let error = format!(
+                "destination {:?} is no longer configured",
+                delivery.destination
+            );
+            return self.unsent(&delivery, started_at, Some(error), AttemptNext::DeadLetter);
         };
         drop(_enter);
         let outcome = match &dest.kind {
@@ -368,6 +364,21 @@ impl Worker {
                 .publish(&dest, &delivery, attempt, started_at)
                 .await
                 .map(|()| (None, None)),
+            DestinationKind::Listen { secret, .. } => match self
+                .listen
+                .forward(&dest, secret.as_ref(), &delivery, attempt, started_at)
+                .await
+            {
+                Forwarded::Answered(status) => Ok((Some(status), None)),
+                Forwarded::Failed(error) => Err(error),
+                Forwarded::Away => {
+                    metrics::counter!("hooklatch_delivery_waits_total",
+                        "destination" => dest.name.clone())
+                    .increment(1);
+                    let until = started_at.plus(self.listen.away_recheck);
+                    return self.unsent(&delivery, started_at, None, AttemptNext::Wait(until));
+                }
+            },
         };
         let latency = clock.elapsed();
         let now = Timestamp::now();
@@ -407,6 +418,7 @@ impl Worker {
             AttemptNext::Delivered => "delivered",
             AttemptNext::RetryAt(_) => "retry",
             AttemptNext::DeadLetter => "dead_letter",
+            AttemptNext::Wait(_) => "wait",
         };
         metrics::counter!("hooklatch_delivery_attempts_total",
             "destination" => dest.name.clone(), "outcome" => outcome_label)
@@ -433,6 +445,26 @@ impl Worker {
         }
     }
 
+    /// The result of an attempt that sent nothing: its destination is gone, or nobody is
+    /// there to take it.
+    fn unsent(
+        &self,
+        delivery: &LeasedDelivery,
+        started_at: Timestamp,
+        error: Option<String>,
+        next: AttemptNext,
+    ) -> AttemptResult {
+        AttemptResult {
+            delivery: delivery.id,
+            owner: self.owner.clone(),
+            started_at,
+            latency: Duration::ZERO,
+            status: None,
+            error,
+            next,
+        }
+    }
+
     async fn record(&self, result: AttemptResult) {
         if let Err(err) = self.store.record_attempt(result).await {
             // The lease runs out and the delivery is attempted again, with the same key.
@@ -450,43 +482,14 @@ impl Worker {
         attempt: u32,
         now: Timestamp,
     ) -> Result<(u16, Option<String>), String> {
-        let (body, content_type) = delivery.payload();
+        let (body, headers) = outgoing(delivery, attempt, secret, now);
         let mut req = self
             .client
             .post(url.clone())
             .timeout(dest.timeout)
-            .body(body.clone());
-        for (name, value) in &delivery.headers {
-            let replaced = content_type.is_some() && name.eq_ignore_ascii_case("content-type");
-            if replaced
-                || DROPPED_HEADERS.contains(&name.as_str())
-                || name.starts_with("hooklatch-")
-            {
-                continue;
-            }
+            .body(body);
+        for (name, value) in &headers {
             req = req.header(name.as_str(), value.as_slice());
-        }
-        if let Some(content_type) = content_type {
-            req = req.header(reqwest::header::CONTENT_TYPE, content_type);
-        }
-        let key = delivery.idempotency_key.as_str();
-        req = req
-            .header("idempotency-key", key)
-            .header("hooklatch-delivery-id", delivery.id.to_string())
-            .header("hooklatch-attempt", attempt.to_string())
-            .header("hooklatch-source", delivery.source.as_str());
-        // An event type no header can carry (a control character from the provider's JSON)
-        // is left out rather than failing every attempt; history keeps it.
-        let event_type = delivery.event_type.as_deref();
-        if let Some(value) = event_type.and_then(|t| HeaderValue::from_str(t).ok()) {
-            req = req.header("hooklatch-event-type", value);
-        }
-        if let Some(key_bytes) = secret.and_then(decode_secret) {
-            let ts = now.as_secs();
-            req = req
-                .header("webhook-id", key)
-                .header("webhook-timestamp", ts.to_string())
-                .header("webhook-signature", sign_v1(&key_bytes, key, ts, &body));
         }
         match req.send().await {
             Ok(res) => {
@@ -500,6 +503,53 @@ impl Worker {
             Err(err) => Err(describe(&err, dest.timeout)),
         }
     }
+}
+
+/// What an attempt sends to an HTTP endpoint or a `listen` client: the body, byte-exact (see
+/// [`LeasedDelivery::payload`]), and the headers: the original ones but those in
+/// [`DROPPED_HEADERS`] and any `hooklatch-*`, then `Idempotency-Key`, the `hooklatch-*`
+/// delivery headers and, when the destination has a secret, a Standard Webhooks signature
+/// made at `now`.
+pub(crate) fn outgoing(
+    delivery: &LeasedDelivery,
+    attempt: u32,
+    secret: Option<&hooklatch_core::Secret>,
+    now: Timestamp,
+) -> (bytes::Bytes, Vec<(String, Vec<u8>)>) {
+    let (body, content_type) = delivery.payload();
+    let mut headers: Vec<(String, Vec<u8>)> = Vec::with_capacity(delivery.headers.len() + 8);
+    for (name, value) in &delivery.headers {
+        let replaced = content_type.is_some() && name.eq_ignore_ascii_case("content-type");
+        if replaced || DROPPED_HEADERS.contains(&name.as_str()) || name.starts_with("hooklatch-") {
+            continue;
+        }
+        headers.push((name.clone(), value.clone()));
+    }
+    let mut add = |name: &str, value: &[u8]| headers.push((name.to_owned(), value.to_vec()));
+    if let Some(content_type) = content_type {
+        add("content-type", content_type.as_bytes());
+    }
+    let key = delivery.idempotency_key.as_str();
+    add("idempotency-key", key.as_bytes());
+    add("hooklatch-delivery-id", delivery.id.to_string().as_bytes());
+    add("hooklatch-attempt", attempt.to_string().as_bytes());
+    add("hooklatch-source", delivery.source.as_bytes());
+    // An event type no header can carry (a control character from the provider's JSON) is
+    // left out rather than failing every attempt; history keeps it.
+    let event_type = delivery.event_type.as_deref();
+    if let Some(value) = event_type.and_then(|t| HeaderValue::from_str(t).ok()) {
+        add("hooklatch-event-type", value.as_bytes());
+    }
+    if let Some(key_bytes) = secret.and_then(decode_secret) {
+        let ts = now.as_secs();
+        add("webhook-id", key.as_bytes());
+        add("webhook-timestamp", ts.to_string().as_bytes());
+        add(
+            "webhook-signature",
+            sign_v1(&key_bytes, key, ts, &body).as_bytes(),
+        );
+    }
+    (body, headers)
 }
 
 impl Worker {
@@ -649,6 +699,13 @@ mod tests {
         async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
             self.inner.release_leases(owner, now).await
         }
+        async fn wake_destination(
+            &self,
+            destination: &str,
+            now: Timestamp,
+        ) -> Result<u64, StoreError> {
+            self.inner.wake_destination(destination, now).await
+        }
         async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
             self.next_dues.fetch_add(1, Ordering::SeqCst);
             self.inner.next_due().await
@@ -743,6 +800,13 @@ mod tests {
             retry: RetryPolicy::default(),
         };
         let enqueued = Arc::new(Notify::new());
+        let listen = Arc::new(ListenHub::new(
+            store.clone(),
+            enqueued.clone(),
+            &[],
+            CancellationToken::new(),
+            crate::listen::AWAY_RECHECK,
+        ));
         Worker {
             store,
             destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
@@ -759,6 +823,7 @@ mod tests {
                 Duration::from_secs(60),
                 concurrency,
             )),
+            listen,
             retry_scheduled: AtomicBool::new(false),
         }
     }

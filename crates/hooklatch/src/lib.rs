@@ -10,6 +10,8 @@
 //! - [`delivery`]: the workers that deliver the outbox to destinations (HTTP or RabbitMQ) with
 //!   retries.
 //! - [`bench`](mod@bench): the load generator behind `hooklatch bench` (ingest, the HTTP ceiling, delivery).
+//! - [`listen`]: `listen` destinations on the gateway's side: the listeners connected, their
+//!   stream of deliveries and their answers; [`listener`]: the `hooklatch listen` client.
 //! - [`fixtures`]: realistic signed test events per provider (`hooklatch send`).
 //! - [`capture`]: one request as the gateway kept it, and the export file format.
 //! - [`admin`]: a client of a running gateway's admin API (captures by `req_`/`dlv_` id).
@@ -29,6 +31,8 @@ pub mod config;
 pub mod delivery;
 pub mod effect;
 pub mod fixtures;
+pub mod listen;
+pub mod listener;
 mod maintenance;
 pub mod replay;
 mod server;
@@ -208,6 +212,14 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         lease,
         settings.delivery.concurrency,
     ));
+    let stop_serving = CancellationToken::new();
+    let listen = Arc::new(listen::ListenHub::new(
+        store.clone(),
+        enqueued.clone(),
+        &settings.destinations,
+        stop_serving.clone(),
+        away_recheck(&settings.store),
+    ));
     let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
         store: store.clone(),
         sources: settings
@@ -220,7 +232,8 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         enqueued: enqueued.clone(),
         keys: keys.clone(),
         handoff: (settings.delivery.enabled && settings.delivery.handoff).then(|| handoff.clone()),
-    }));
+    }))
+    .merge(listen::router(listen.clone()));
     let render = metrics.clone();
     let admin = hooklatch_http::admin_router(Arc::new(AdminState {
         store: store.clone(),
@@ -262,7 +275,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
                     Arc::new(hooklatch_queue_rabbitmq::Publisher::new(cfg)),
                 ))
             }
-            config::DestinationKind::Http { .. } => None,
+            config::DestinationKind::Http { .. } | config::DestinationKind::Listen { .. } => None,
         })
         .collect();
     let providers = settings
@@ -282,10 +295,10 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         lease,
         enqueued: enqueued.clone(),
         handoff,
+        listen,
         retry_scheduled: Default::default(),
     };
 
-    let stop_serving = CancellationToken::new();
     let grace = settings.shutdown_grace;
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(server::serve(
@@ -338,6 +351,17 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     Ok(())
 }
 
+/// How long a delivery to a `listen` destination with no listener connected waits: long on a
+/// store one gateway holds, short on one several may share (see [`listen::AWAY_RECHECK`]).
+fn away_recheck(store: &config::StoreSettings) -> Duration {
+    match &store.backend {
+        #[cfg(feature = "sqlite")]
+        config::StoreBackend::Sqlite(_) => listen::AWAY_RECHECK,
+        #[cfg(feature = "postgres")]
+        config::StoreBackend::Postgres(_) => listen::AWAY_RECHECK_SHARED,
+    }
+}
+
 fn log_effective_config(settings: &Settings) {
     let store = match &settings.store.backend {
         #[cfg(feature = "sqlite")]
@@ -385,6 +409,13 @@ fn log_effective_config(settings: &Settings) {
                 declare = a.declare,
                 queue = a.queue.as_deref().unwrap_or(""),
                 quorum = a.quorum,
+                max_attempts = d.retry.max_attempts,
+                "destination"
+            ),
+            config::DestinationKind::Listen { secret, .. } => tracing::info!(
+                destination = %d.name,
+                listen = %format!("/listen/{}", d.name),
+                signed = secret.is_some(),
                 max_attempts = d.retry.max_attempts,
                 "destination"
             ),

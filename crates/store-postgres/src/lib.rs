@@ -378,6 +378,12 @@ impl Store for PostgresStore {
             .map_err(map_err)
     }
 
+    async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError> {
+        outbox::wake_destination(self.pool(), destination, now)
+            .await
+            .map_err(map_err)
+    }
+
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
         outbox::next_due(self.pool()).await.map_err(map_err)
     }

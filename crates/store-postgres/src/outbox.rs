@@ -1,5 +1,6 @@
 //! The outbox, shared by the workers of every instance: leasing due deliveries, recording
-//! attempts, releasing leases, redrive and deliberate redelivery.
+//! attempts, releasing leases, waking a destination's deliveries, redrive and deliberate
+//! redelivery.
 //!
 //! A lease is `(lease_owner, lease_until)` on a pending row. `lease_due` picks due rows with
 //! `FOR UPDATE SKIP LOCKED`, so concurrent leasers on any instance skip the rows another is
@@ -11,8 +12,9 @@
 //! inside a group commit ([`crate::writer`]), several of them in one statement when they
 //! share a batch; the rest runs on a pooled connection of its own.
 //!
-//! Statements that make rows due now (redrive, redelivery, released leases) also
-//! `NOTIFY hooklatch_work`, delivered on commit, so idle workers everywhere wake up.
+//! Statements that make rows due now (redrive, redelivery, released leases, a woken
+//! destination) also `NOTIFY hooklatch_work`, delivered on commit, so idle workers everywhere
+//! wake up.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -151,11 +153,52 @@ static RECORD_ATTEMPT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// The state an attempt moves its delivery to, and when it is due next (a retry).
+/// A delivery that was not attempted ([`AttemptNext::Wait`]), as a CTE `waited`: due again
+/// at `$3`, its lease released, `$4` now, when [`MOVABLE`]. No attempt is counted or recorded.
+static WAITED: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "waited AS (
+            UPDATE deliveries SET next_attempt_at = $3, lease_owner = NULL, lease_until = NULL,
+                updated_at = $4
+            WHERE id = $1 AND {MOVABLE}
+            RETURNING id)"
+    )
+});
+
+static RECORD_WAIT: LazyLock<String> =
+    LazyLock::new(|| format!("WITH {} SELECT count(*) FROM waited", *WAITED));
+
+/// [`RECORD_WAIT`], then the worker's next lease, as [`RECORD_ATTEMPT_AND_LEASE`] does it
+/// (the waited row, still leased in the statement's snapshot, is excluded by id too). `$5`:
+/// the new lease's end, `$6`: now.
+static RECORD_WAIT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH {waited}, {due}, {leased}",
+        waited = *WAITED,
+        due = due(6, "1", "AND id <> $1"),
+        leased = leased(2, 5)
+    )
+});
+
+/// Binds a wait's `$1`–`$4` (see [`WAITED`]).
+fn bind_wait<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    result: &'q AttemptResult,
+    until: Timestamp,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(result.delivery.0)
+        .bind(&result.owner)
+        .bind(until.0)
+        .bind(result.started_at.plus(result.latency).0)
+}
+
+/// The state an attempt moves its delivery to, and when it is due next (a retry, or the end
+/// of a wait, which stays pending).
 fn next_state(result: &AttemptResult) -> (DeliveryState, Option<i64>) {
     match result.next {
         AttemptNext::Delivered => (DeliveryState::Delivered, None),
-        AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
+        AttemptNext::RetryAt(at) | AttemptNext::Wait(at) => (DeliveryState::Pending, Some(at.0)),
         AttemptNext::DeadLetter => (DeliveryState::Dead, None),
     }
 }
@@ -183,9 +226,11 @@ pub(crate) async fn record_attempt(
     conn: impl sqlx::PgExecutor<'_>,
     result: &AttemptResult,
 ) -> Result<(), sqlx::Error> {
-    bind_attempt(sqlx::query(&RECORD_ATTEMPT), result)
-        .execute(conn)
-        .await?;
+    let query = match result.next {
+        AttemptNext::Wait(until) => bind_wait(sqlx::query(&RECORD_WAIT), result, until),
+        _ => bind_attempt(sqlx::query(&RECORD_ATTEMPT), result),
+    };
+    query.execute(conn).await?;
     Ok(())
 }
 
@@ -197,7 +242,11 @@ pub(crate) async fn record_attempt_and_lease(
     now: Timestamp,
     lease: Duration,
 ) -> Result<Option<LeasedDelivery>, sqlx::Error> {
-    let row = bind_attempt(sqlx::query(&RECORD_ATTEMPT_AND_LEASE), result)
+    let query = match result.next {
+        AttemptNext::Wait(until) => bind_wait(sqlx::query(&RECORD_WAIT_AND_LEASE), result, until),
+        _ => bind_attempt(sqlx::query(&RECORD_ATTEMPT_AND_LEASE), result),
+    };
+    let row = query
         .bind(now.plus(lease).0)
         .bind(now.0)
         .fetch_optional(conn)
@@ -227,18 +276,23 @@ pub(crate) async fn record_attempts_and_lease_many(
     let mut status = Vec::with_capacity(n);
     let mut latency_ms = Vec::with_capacity(n);
     let mut until = Vec::with_capacity(n);
+    let mut waits = Vec::with_capacity(n);
     for (result, now, lease) in attempts {
         let (moved_to, at) = next_state(result);
+        let wait = matches!(result.next, AttemptNext::Wait(_));
         delivery.push(result.delivery.0);
         owner.push(result.owner.as_str());
         state.push(moved_to.as_str());
         next_at.push(at);
+        // A wait's error is ignored: the last error stays as it was.
         error.push(
             result
                 .error
                 .as_deref()
+                .filter(|_| !wait)
                 .map(|e| ingest::text(e).into_owned()),
         );
+        waits.push(wait);
         updated_at.push(result.started_at.plus(result.latency).0);
         started_at.push(result.started_at.0);
         status.push(result.status.map(i32::from));
@@ -259,6 +313,7 @@ pub(crate) async fn record_attempts_and_lease_many(
         .bind(&until)
         .bind(now)
         .bind(n as i64)
+        .bind(&waits)
         .fetch_all(&mut *conn)
         .await?;
     let mut leased: Vec<Option<LeasedDelivery>> = (0..n).map(|_| None).collect();
@@ -272,8 +327,10 @@ pub(crate) async fn record_attempts_and_lease_many(
 }
 
 /// The statement of [`record_attempts_and_lease_many`]: [`MOVED`] and [`INSERT_ATTEMPT`] over
-/// arrays (`$1`–`$9` as there, one element per attempt; `$10` each lease's end), then up to
-/// `$12` due rows (by `$11`, now) numbered and leased to the attempts' owners in order.
+/// arrays (`$1`–`$9` as there, one element per attempt; `$10` each lease's end; `$13` whether
+/// it is a [`AttemptNext::Wait`], which moves its row as [`WAITED`] does and is neither
+/// counted nor recorded), then up to `$12` due rows (by `$11`, now) numbered and leased to
+/// the attempts' owners in order.
 ///
 /// `d.id = ANY($1)` beside the join with the arrays lets the planner walk the primary key:
 /// without it, the join was planned as a scan of the whole table once the table grew, and a
@@ -284,14 +341,16 @@ static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH u AS (
             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[],
-                $5::text[], $6::bigint[], $7::bigint[], $8::int[], $9::bigint[], $10::bigint[])
+                $5::text[], $6::bigint[], $7::bigint[], $8::int[], $9::bigint[], $10::bigint[],
+                $13::bool[])
                 WITH ORDINALITY AS u (delivery, owner, state, next_at, error, updated_at,
-                    started_at, status, latency_ms, until, k)),
+                    started_at, status, latency_ms, until, wait, k)),
          moved AS (
             UPDATE deliveries d SET
-                total_attempts = d.total_attempts + 1,
+                total_attempts = CASE WHEN u.wait THEN d.total_attempts
+                    ELSE d.total_attempts + 1 END,
                 state = CASE WHEN {m} THEN u.state ELSE d.state END,
-                attempts = CASE WHEN {m} THEN d.attempts + 1 ELSE d.attempts END,
+                attempts = CASE WHEN {m} AND NOT u.wait THEN d.attempts + 1 ELSE d.attempts END,
                 next_attempt_at = CASE WHEN {m} THEN COALESCE(u.next_at, d.next_attempt_at)
                     ELSE d.next_attempt_at END,
                 lease_owner = CASE WHEN {m} THEN NULL ELSE d.lease_owner END,
@@ -304,7 +363,7 @@ static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
          recorded AS (
             INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
             SELECT m.id, m.total_attempts, u.started_at, u.status, u.latency_ms, u.error
-            FROM moved m JOIN u ON u.k = m.k),
+            FROM moved m JOIN u ON u.k = m.k WHERE NOT u.wait),
          {due},
          numbered AS (
             SELECT id, row_number() OVER (ORDER BY ready, id) AS k FROM due),
@@ -350,6 +409,32 @@ pub(crate) async fn release_leases(
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// Makes `destination`'s pending rows that nobody holds a running lease on due at `now`,
+/// where they were due later, and `NOTIFY`s the workers when it moved any; returns how many.
+/// Such a row is ready after `now`, so like [`release_leases`] this reads only the rows ready
+/// later in the ready index, never the backlog that is due.
+pub(crate) async fn wake_destination(
+    pool: &PgPool,
+    destination: &str,
+    now: Timestamp,
+) -> Result<u64, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "WITH woken AS (
+            UPDATE deliveries SET next_attempt_at = $2, updated_at = $2
+            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) > $2
+              AND destination = $1 AND next_attempt_at > $2
+              AND (lease_owner IS NULL OR lease_until <= $2)
+            RETURNING 1)
+         SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('{WORK_CHANNEL}', '')::text END
+         FROM woken"
+    ))
+    .bind(destination)
+    .bind(now.0)
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
 }
 
 pub(crate) async fn next_due(pool: &PgPool) -> Result<Option<Timestamp>, sqlx::Error> {

@@ -941,6 +941,263 @@ async fn attempts_in_one_batched_statement_each_record_and_lease_a_row_of_their_
     assert_eq!(rest.len(), deliveries.len() - attempted.len() - next.len());
 }
 
+/// Waits ([`AttemptNext::Wait`]) in a batch of attempts, in the batched statement and, when
+/// two attempts of the batch name one delivery, one by one: each puts its row off and
+/// releases its lease without counting or recording an attempt, and its error is ignored; a
+/// stale owner's wait moves nothing; the attempts beside them are counted and recorded; and
+/// every worker's next lease is a row of its own, never one just waited on or attempted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_in_a_batch_of_attempts_count_nothing_and_lease_other_rows() {
+    let Some(base) = support::base_url("the batched-wait test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    let store = one_patient_writer(&db).await;
+    for i in 0..12 {
+        store
+            .ingest(ingest(SOURCE, &[&format!("evt_w{i}")], BODY, at(1)))
+            .await
+            .expect("ingest");
+    }
+    let lease = Duration::from_secs(60);
+    let mut touched = BTreeSet::new();
+    // Phase 0: distinct deliveries, one statement. Phase 1: a stale owner's wait on a row of
+    // the batch too, so its attempts run one statement each.
+    for phase in 0..2 {
+        let mut owned = Vec::new();
+        for w in 0..4 {
+            let owner = format!("w{w}");
+            let leased = store
+                .lease_due(&owner, at(2), lease, 1)
+                .await
+                .expect("lease");
+            owned.push((owner, leased[0].id));
+        }
+        let mut results: Vec<AttemptResult> = owned
+            .iter()
+            .enumerate()
+            .map(|(k, (owner, id))| {
+                let next = if k % 2 == 0 {
+                    AttemptNext::Wait(at(3600))
+                } else {
+                    AttemptNext::Delivered
+                };
+                attempt_by(owner, *id, at(3), next)
+            })
+            .collect();
+        // A row another worker holds throughout.
+        let held = store
+            .lease_due("holder", at(2), lease, 1)
+            .await
+            .expect("lease")[0]
+            .id;
+        if phase == 1 {
+            // On a row its owner delivers in the same batch (before or after: it stays
+            // delivered), and on the held row.
+            for id in [owned[1].1, held] {
+                results.push(attempt_by("stale", id, at(3), AttemptNext::Wait(at(7200))));
+            }
+        }
+        touched.extend(owned.iter().map(|(_, id)| *id));
+        touched.insert(held);
+
+        // The attempts lane's one writer waits on a row lock meanwhile: the results queue
+        // up for its next batch (a late one runs in a batch of its own; the assertions hold
+        // either way).
+        let blocker = store
+            .lease_due("blocker", at(2), lease, 1)
+            .await
+            .expect("lease")[0]
+            .id;
+        touched.insert(blocker);
+        let mut raw = db.raw().await;
+        raw.execute("BEGIN").await.expect("BEGIN");
+        sqlx::query("SELECT 1 FROM deliveries WHERE id = $1 FOR UPDATE")
+            .bind(blocker.0)
+            .execute(&mut raw)
+            .await
+            .expect("locking the blocker's row");
+        let blocked = {
+            let store = store.clone();
+            let result = attempt_by("blocker", blocker, at(3), AttemptNext::Delivered);
+            tokio::spawn(async move { store.record_attempt(result).await })
+        };
+        assert_eq!(lock_wait(&db).await.0, "Lock");
+        let tasks: Vec<_> = results
+            .iter()
+            .cloned()
+            .map(|result| {
+                let store = store.clone();
+                tokio::spawn(
+                    async move { store.record_attempt_and_lease(result, at(4), lease).await },
+                )
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        raw.execute("ROLLBACK").await.expect("ROLLBACK");
+        blocked
+            .await
+            .expect("blocker task")
+            .expect("blocker attempt");
+
+        let mut next = BTreeSet::new();
+        for (result, task) in results.iter().zip(tasks) {
+            let leased = task.await.expect("attempt task").expect("attempt");
+            let leased = match (result.owner.as_str(), leased) {
+                // The stale owner's lease may find nothing left: the others took it.
+                ("stale", None) => continue,
+                (_, leased) => leased.expect("a next lease: rows are still due"),
+            };
+            assert!(
+                !touched.contains(&leased.id),
+                "{:?} was just waited on or attempted",
+                leased.id
+            );
+            assert_eq!(leased.attempts, 0);
+            assert!(next.insert(leased.id), "{:?} leased twice", leased.id);
+        }
+        for (k, (_, id)) in owned.iter().enumerate() {
+            let row = delivery(&store, *id).await;
+            if k % 2 == 0 {
+                assert_eq!(row.state, DeliveryState::Pending, "{id:?}");
+                assert_eq!(row.next_attempt_at, Some(at(3600)), "{id:?}");
+                assert_eq!((row.attempts, row.history.len()), (0, 0), "{id:?}");
+                assert_eq!(row.last_error, None, "a wait's error is ignored");
+            } else {
+                assert_eq!(row.state, DeliveryState::Delivered, "{id:?}");
+                assert_eq!((row.attempts, row.history.len()), (1, 1), "{id:?}");
+            }
+        }
+        let still_held = delivery(&store, held).await;
+        assert_eq!(
+            still_held.next_attempt_at,
+            Some(at(1)),
+            "a stale wait moves nothing"
+        );
+        assert!(still_held.history.is_empty());
+        // The next leases are released again: the rows are for the next phase.
+        for w in 0..4 {
+            store
+                .release_leases(&format!("w{w}"), at(4))
+                .await
+                .expect("release_leases");
+        }
+        store
+            .release_leases("stale", at(4))
+            .await
+            .expect("release_leases");
+    }
+    // The waited rows' leases were released: due at the wait's end, and not before.
+    let waited: BTreeSet<DeliveryId> = all_deliveries(&store)
+        .await
+        .iter()
+        .filter(|d| d.next_attempt_at == Some(at(3600)))
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(waited.len(), 4);
+    let late = store
+        .lease_due("w9", at(3600), lease, 100)
+        .await
+        .expect("lease the rest");
+    let late: BTreeSet<DeliveryId> = late.iter().map(|d| d.id).collect();
+    assert!(waited.is_subset(&late), "{waited:?} / {late:?}");
+}
+
+/// Waking a destination reads the ready index (never the whole table), moves only that
+/// destination's rows due later, and `NOTIFY`s the workers when it moved any (not when it
+/// moved none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waking_a_destination_reads_an_index_and_notifies_the_workers() {
+    let Some(base) = support::base_url("the destination wake test") else {
+        return;
+    };
+    let db = TestDb::create(&base).await;
+    db.raw()
+        .await
+        .execute(format!("ALTER DATABASE {} SET enable_seqscan = off", db.name).as_str())
+        .await
+        .expect("ALTER DATABASE");
+    let store = db.store().await;
+    let mut observer = PgListener::connect(&db.url).await.expect("observer");
+    observer
+        .listen(hooklatch_store_postgres::WORK_CHANNEL)
+        .await
+        .expect("observer listens");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let outcome = store
+            .ingest(ingest(SOURCE, &[&format!("evt_k{i}")], BODY, at(1)))
+            .await
+            .expect("ingest");
+        ids.extend(new_deliveries(&outcome));
+    }
+    let leased = store
+        .lease_due(WORKER, at(2), Duration::from_secs(60), 100)
+        .await
+        .expect("lease_due");
+    assert_eq!(leased.len(), ids.len());
+    for d in &leased {
+        let result = attempt(d.id, at(3), None, None, AttemptNext::Wait(at(3600)));
+        store.record_attempt(result).await.expect("record_attempt");
+    }
+    let before = counted_when(&db, |c| c.requests_inserted >= 3).await;
+
+    let mut raw = db.raw().await;
+    let marker = format!(
+        "NOTIFY {}, 'marker'",
+        hooklatch_store_postgres::WORK_CHANNEL
+    );
+    let [app, audit] = DESTINATIONS;
+    assert_eq!(
+        store
+            .wake_destination("nobody", at(4))
+            .await
+            .expect("wake_destination"),
+        0
+    );
+    raw.execute(marker.as_str()).await.expect("marker");
+    assert_eq!(
+        next_notification(&mut observer).await,
+        "marker",
+        "no NOTIFY when nothing moved"
+    );
+    assert_eq!(
+        store
+            .wake_destination(app, at(4))
+            .await
+            .expect("wake_destination"),
+        3
+    );
+    assert_eq!(
+        next_notification(&mut observer).await,
+        "",
+        "the workers are woken"
+    );
+    let due: BTreeSet<DeliveryId> = store
+        .lease_due("worker-b", at(4), Duration::from_secs(60), 100)
+        .await
+        .expect("lease_due")
+        .iter()
+        .map(|d| d.id)
+        .collect();
+    let woken: BTreeSet<DeliveryId> = all_deliveries(&store)
+        .await
+        .iter()
+        .filter(|d| d.destination == app)
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(due, woken, "{app}'s rows, not {audit}'s");
+
+    let after = counted_when(&db, |c| {
+        c.deliveries_index_scans >= before.deliveries_index_scans + 3
+    })
+    .await;
+    assert_eq!(
+        after.deliveries_seq_scans, before.deliveries_seq_scans,
+        "a query scanned the deliveries table"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_waiting_past_the_wait_limit_is_unavailable_never_ok() {
     let Some(base) = support::base_url("the wait-limit test") else {

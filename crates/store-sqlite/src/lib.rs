@@ -377,6 +377,14 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError> {
+        let destination = destination.to_owned();
+        self.write(Room::All, move |tx| {
+            outbox::wake_destination(tx, &destination, now)
+        })
+        .await
+    }
+
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
         self.read(outbox::next_due).await
     }

@@ -1,4 +1,5 @@
-//! The outbox: leasing due deliveries, recording attempts, releasing leases, redrive.
+//! The outbox: leasing due deliveries, recording attempts, releasing leases, waking a
+//! destination's deliveries, redrive.
 //!
 //! A lease is `(lease_owner, lease_until)` on a pending row. A worker that dies holding one
 //! loses it when `lease_until` passes; a worker that stops cleanly gives it back at once.
@@ -93,12 +94,22 @@ pub(crate) fn lease_due(
 }
 
 pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusqlite::Result<()> {
+    let now = result.started_at.plus(result.latency);
     let (state, next_at) = match result.next {
         AttemptNext::Delivered => (DeliveryState::Delivered, None),
         AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at.0)),
         AttemptNext::DeadLetter => (DeliveryState::Dead, None),
+        AttemptNext::Wait(until) => {
+            // Not an attempt: nothing to number or record, only the row to put off.
+            conn.prepare_cached(RECORD_WAIT)?.execute(params![
+                result.delivery.0,
+                until.0,
+                now.0,
+                result.owner
+            ])?;
+            return Ok(());
+        }
     };
-    let now = result.started_at.plus(result.latency);
     // One statement, one visit to the row: the attempt always counts in the numbering, and it
     // moves the delivery only while it is pending and leased to the attempt's owner (or to
     // nobody).
@@ -170,6 +181,37 @@ const RECORD_ATTEMPT: &str = concat!(
     attempt_moves!(),
     " THEN ?5 ELSE updated_at END ",
     "WHERE id = ?1 RETURNING total_attempts"
+);
+
+/// A delivery that was not attempted ([`AttemptNext::Wait`]): `?1` the delivery, due again at
+/// `?2`, its lease released, `?3` now, `?4` the owner. It moves the row under the same guard as
+/// an attempt (`attempt_moves!`), and touches no attempt count and no error.
+const RECORD_WAIT: &str = "UPDATE deliveries
+    SET next_attempt_at = ?2, lease_owner = NULL, lease_until = NULL, updated_at = ?3
+    WHERE id = ?1 AND state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?4)";
+
+/// Makes `destination`'s pending rows that nobody holds a running lease on due at `now`,
+/// where they were due later; returns how many it moved. Such a row is ready after `now`, so
+/// like [`release_leases`] this reads only the rows ready later in the ready index (waiting,
+/// backing off or leased), never the backlog that is due.
+pub(crate) fn wake_destination(
+    conn: &Connection,
+    destination: &str,
+    now: Timestamp,
+) -> rusqlite::Result<u64> {
+    let moved = conn
+        .prepare_cached(WAKE_DESTINATION)?
+        .execute(params![now.0, destination])?;
+    Ok(moved as u64)
+}
+
+const WAKE_DESTINATION: &str = concat!(
+    "UPDATE deliveries SET next_attempt_at = ?1, updated_at = ?1 WHERE id IN (
+        SELECT id FROM deliveries INDEXED BY deliveries_ready
+        WHERE state = 'pending' AND ",
+    ready_at!(),
+    " > ?1 AND destination = ?2 AND next_attempt_at > ?1
+          AND (lease_owner IS NULL OR lease_until <= ?1))"
 );
 
 /// Gives back `owner`'s leases still running at `now` (a graceful shutdown). Like
@@ -309,7 +351,9 @@ pub(crate) fn redeliver(
 mod tests {
     use rusqlite::Connection;
 
-    use super::{LEASE_DUE, NEXT_DUE, RELEASE_EVERY_LEASE, RELEASE_LEASES};
+    use super::{
+        LEASE_DUE, NEXT_DUE, RECORD_WAIT, RELEASE_EVERY_LEASE, RELEASE_LEASES, WAKE_DESTINATION,
+    };
 
     fn plan(sql: &str, params: impl rusqlite::Params) -> String {
         let conn = Connection::open_in_memory().expect("an in-memory database");
@@ -351,6 +395,19 @@ mod tests {
             assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
             assert!(!plan.contains("SCAN deliveries"), "{plan}");
         }
+    }
+
+    #[test]
+    fn waking_a_destination_reads_only_rows_ready_later() {
+        let plan = plan(WAKE_DESTINATION, rusqlite::params![1, "app"]);
+        assert!(plan.contains("USING INDEX deliveries_ready"), "{plan}");
+        assert!(!plan.contains("SCAN deliveries"), "{plan}");
+    }
+
+    #[test]
+    fn a_wait_finds_its_row_by_id() {
+        let plan = plan(RECORD_WAIT, rusqlite::params![1, 2, 3, "w"]);
+        assert!(plan.contains("INTEGER PRIMARY KEY"), "{plan}");
     }
 
     #[test]

@@ -298,6 +298,24 @@ impl State {
         let Some(delivery) = self.deliveries.get_mut(&result.delivery.0) else {
             return;
         };
+        let movable = delivery.state == DeliveryState::Pending
+            && delivery
+                .lease
+                .as_ref()
+                .is_none_or(|l| l.owner == result.owner);
+        let (state, next_attempt_at) = match result.next {
+            AttemptNext::Delivered => (DeliveryState::Delivered, None),
+            AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at)),
+            AttemptNext::DeadLetter => (DeliveryState::Dead, None),
+            AttemptNext::Wait(until) => {
+                // Not attempted: no number, no history, no count; only the row is put off.
+                if movable {
+                    delivery.next_attempt_at = until;
+                    delivery.lease = None;
+                }
+                return;
+            }
+        };
         delivery.history.push(AttemptRecord {
             number: delivery.history.len() as u32 + 1,
             started_at: result.started_at,
@@ -305,11 +323,7 @@ impl State {
             latency_ms: result.latency.as_millis() as u64,
             error: result.error.clone(),
         });
-        let leased_by_another = delivery
-            .lease
-            .as_ref()
-            .is_some_and(|l| l.owner != result.owner);
-        if delivery.state != DeliveryState::Pending || leased_by_another {
+        if !movable {
             return;
         }
         delivery.attempts += 1;
@@ -317,14 +331,25 @@ impl State {
         if result.error.is_some() {
             delivery.last_error = result.error;
         }
-        match result.next {
-            AttemptNext::Delivered => delivery.state = DeliveryState::Delivered,
-            AttemptNext::RetryAt(at) => {
-                delivery.state = DeliveryState::Pending;
-                delivery.next_attempt_at = at;
-            }
-            AttemptNext::DeadLetter => delivery.state = DeliveryState::Dead,
+        delivery.state = state;
+        if let Some(at) = next_attempt_at {
+            delivery.next_attempt_at = at;
         }
+    }
+
+    fn wake_destination(&mut self, destination: &str, now: Timestamp) -> u64 {
+        let mut moved = 0;
+        for delivery in self.deliveries.values_mut() {
+            if delivery.state == DeliveryState::Pending
+                && delivery.destination == destination
+                && delivery.next_attempt_at > now
+                && delivery.lease.as_ref().is_none_or(|l| l.until <= now)
+            {
+                delivery.next_attempt_at = now;
+                moved += 1;
+            }
+        }
+        moved
     }
 
     fn release_leases(&mut self, owner: &str, now: Timestamp) {
@@ -599,6 +624,10 @@ impl Store for MemoryStore {
     async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
         self.state().release_leases(owner, now);
         Ok(())
+    }
+
+    async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError> {
+        Ok(self.state().wake_destination(destination, now))
     }
 
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {

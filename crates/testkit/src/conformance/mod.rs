@@ -56,6 +56,7 @@ pub use outbox::{
     a_delivered_attempt_finishes_the_delivery, a_failed_attempt_is_retried_no_sooner_than_asked,
     a_late_worker_never_undoes_a_newer_outcome,
     a_leased_delivery_is_not_leased_again_until_its_lease_expires,
+    a_wait_leases_the_next_due_delivery_not_the_waited_one,
     an_ingest_with_a_lease_writes_its_deliveries_leased_to_its_worker,
     deliveries_not_yet_due_are_not_leased,
     lease_due_returns_due_deliveries_with_the_request_byte_exact,
@@ -63,6 +64,8 @@ pub use outbox::{
     next_due_reports_the_earliest_due_time, recording_an_attempt_can_lease_the_next_due_delivery,
     redriving_a_dead_delivery_queues_it_again_with_the_same_key,
     redriving_what_is_not_dead_changes_nothing, released_leases_can_be_leased_again_at_once,
+    wait_by_a_late_worker_moves_nothing, wait_counts_no_attempt,
+    wake_destination_makes_waiting_rows_due,
 };
 
 /// Runs every conformance case, each on a fresh store from `make`, and panics naming the
@@ -101,6 +104,10 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         a_dead_lettered_delivery_keeps_its_last_error,
         a_late_worker_never_undoes_a_newer_outcome,
         recording_an_attempt_can_lease_the_next_due_delivery,
+        wait_counts_no_attempt,
+        wait_by_a_late_worker_moves_nothing,
+        wake_destination_makes_waiting_rows_due,
+        a_wait_leases_the_next_due_delivery_not_the_waited_one,
         an_ingest_with_a_lease_writes_its_deliveries_leased_to_its_worker,
         redriving_a_dead_delivery_queues_it_again_with_the_same_key,
         redriving_what_is_not_dead_changes_nothing,

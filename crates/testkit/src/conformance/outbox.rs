@@ -1,10 +1,11 @@
 //! Conformance cases for the outbox: leasing due deliveries, lease expiry and release,
-//! `next_due`, recording attempts, and redriving the dead-letter.
+//! `next_due`, recording attempts and waits, waking a destination, and redriving the
+//! dead-letter.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt};
+use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt, Wait};
 use hooklatch_core::store::{
     DeliveryState, Header, IngestLease, LeasedDelivery, Redelivery, Redrive,
 };
@@ -650,4 +651,257 @@ pub async fn an_ingest_with_a_lease_writes_its_deliveries_leased_to_its_worker<S
         taken_over.iter().map(fields).collect::<Vec<_>>(),
         handed.iter().map(fields).collect::<Vec<_>>()
     );
+}
+
+/// Records `next` for `id` as `owner`'s outcome (no status, no error of its own).
+async fn record_as<S: Store>(
+    store: &S,
+    owner: &str,
+    id: DeliveryId,
+    started_at: Timestamp,
+    next: AttemptNext,
+) {
+    let mut result = attempt(id, started_at, None, None, next);
+    result.owner = owner.to_owned();
+    store.record_attempt(result).await.expect("record_attempt");
+}
+
+/// A delivery that was not attempted ([`Wait`]: nothing could take it) is put off and its
+/// lease released, and nothing else: it stays pending, its attempt count and last error as
+/// they were, nothing in its history; it is not due before the time asked, then it is, and
+/// the next real attempt is numbered 1.
+pub async fn wait_counts_no_attempt<S: Store>(store: S) {
+    let outcome = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    let rows = new_deliveries(&outcome);
+    assert_eq!(lease(&store, WORKER, T0, 10).await.len(), rows.len());
+    // An error given with a wait is ignored.
+    let waited = attempt(rows[0], at(1), None, Some("no listener"), Wait(at(3600)));
+    store.record_attempt(waited).await.expect("record_attempt");
+
+    let waiting = delivery(&store, rows[0]).await;
+    assert_eq!(waiting.state, DeliveryState::Pending);
+    assert_eq!(waiting.attempts, 0, "a wait is not an attempt");
+    assert_eq!(waiting.next_attempt_at, Some(at(3600)));
+    assert_eq!(waiting.last_error, None);
+    assert!(waiting.history.is_empty(), "{:?}", waiting.history);
+    let detail = store
+        .get_request(outcome.request_id)
+        .await
+        .expect("get_request")
+        .expect("the request is in history");
+    assert!(detail
+        .deliveries
+        .iter()
+        .all(|d| d.id != rows[0] || d.history.is_empty()));
+
+    // The lease is released: a wait shorter than the lease is due when it ends, not when the
+    // lease would have.
+    record_as(&store, WORKER, rows[1], at(1), Wait(at(5))).await;
+    assert!(lease(&store, "worker-b", at(4), 10).await.is_empty());
+    assert_eq!(
+        ids(&lease(&store, "worker-b", at(5), 10).await),
+        BTreeSet::from([rows[1]])
+    );
+    record_as(&store, "worker-b", rows[1], at(6), Delivered).await;
+
+    assert!(
+        lease(&store, "worker-b", at(3599), 10).await.is_empty(),
+        "not due before the time asked"
+    );
+    let again = lease(&store, "worker-b", at(3600), 10).await;
+    assert_eq!(ids(&again), BTreeSet::from([rows[0]]));
+    assert_eq!(again[0].attempts, 0);
+    let mut failing = attempt(
+        rows[0],
+        at(3600),
+        Some(500),
+        Some("HTTP 500"),
+        RetryAt(at(7200)),
+    );
+    failing.owner = "worker-b".to_owned();
+    store.record_attempt(failing).await.expect("record_attempt");
+    let failed_once = delivery(&store, rows[0]).await;
+    assert_eq!(failed_once.attempts, 1);
+    assert_eq!(failed_once.last_error.as_deref(), Some("HTTP 500"));
+    let numbers: Vec<u32> = failed_once.history.iter().map(|a| a.number).collect();
+    assert_eq!(numbers, [1], "the first real attempt is numbered 1");
+    let delivered_once = delivery(&store, rows[1]).await;
+    assert_eq!(delivered_once.attempts, 1);
+    assert_eq!(delivered_once.history.len(), 1);
+}
+
+/// A wait from a worker whose lease expired and was taken over moves nothing, as a late
+/// attempt does not: the row keeps its due time and its new owner's lease. On a delivery
+/// already finished it changes nothing either.
+pub async fn wait_by_a_late_worker_moves_nothing<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    assert_eq!(lease(&store, WORKER, T0, 10).await.len(), rows.len());
+    let expired = T0.plus(LEASE + Duration::from_secs(1));
+    let taken = lease(&store, "worker-b", expired, 10).await;
+    assert_eq!(ids(&taken), rows.iter().copied().collect::<BTreeSet<_>>());
+    record_as(&store, "worker-b", rows[1], at(32), Delivered).await;
+
+    // The late worker reports a wait on both, one of them with its next lease.
+    let late = attempt(rows[0], at(40), None, None, Wait(at(3600)));
+    let next = store
+        .record_attempt_and_lease(late, at(40), LEASE)
+        .await
+        .expect("record_attempt_and_lease");
+    assert!(next.is_none(), "nothing is due: {next:?}");
+    record_as(&store, WORKER, rows[1], at(40), Wait(at(3600))).await;
+
+    let held = delivery(&store, rows[0]).await;
+    assert_eq!(held.state, DeliveryState::Pending);
+    assert_eq!(held.next_attempt_at, Some(T0), "the due time stays");
+    assert_eq!(held.attempts, 0);
+    assert!(held.history.is_empty());
+    let done = delivery(&store, rows[1]).await;
+    assert_eq!(done.state, DeliveryState::Delivered);
+    assert_eq!(done.history.len(), 1);
+
+    let held_until = expired.plus(LEASE);
+    assert!(
+        lease(&store, "worker-c", Timestamp(held_until.0 - 1), 10)
+            .await
+            .is_empty(),
+        "worker-b's lease still holds the row"
+    );
+    assert_eq!(
+        ids(&lease(&store, "worker-c", held_until, 10).await),
+        BTreeSet::from([rows[0]]),
+        "due when worker-b's lease ends, not put off"
+    );
+}
+
+/// Waking a destination makes its pending deliveries due now where they were due later
+/// (waiting, or backing off before a retry), counting them, their attempts untouched; another
+/// destination's, a delivery under a running lease and a delivery already due are not moved.
+/// A second wake finds nothing to move.
+pub async fn wake_destination_makes_waiting_rows_due<S: Store>(store: S) {
+    let [app, audit] = DESTINATIONS;
+    let e1 = one_event(&store, "evt_1", T0).await;
+    let e2 = one_event(&store, "evt_2", T0).await;
+    let e3 = one_event(&store, "evt_3", T0).await;
+    for (rows, name) in [(&e1, app), (&e2, app), (&e3, app)] {
+        assert_eq!(delivery(&store, rows[0]).await.destination, name);
+    }
+    assert_eq!(lease(&store, WORKER, T0, 10).await.len(), 6);
+    record_as(&store, WORKER, e1[0], at(1), Wait(at(3600))).await;
+    record_as(&store, WORKER, e1[1], at(1), Wait(at(3600))).await;
+    failed(&store, e2[0], at(1), "HTTP 500", RetryAt(at(3600))).await;
+    delivered(&store, e2[1], at(1)).await;
+    record_as(&store, WORKER, e3[0], at(1), Wait(at(7200))).await;
+    delivered(&store, e3[1], at(1)).await;
+    // Due already at the wake.
+    let e5 = one_event(&store, "evt_5", at(5)).await;
+    // Due after the wake, but leased until then (a hand-off).
+    let mut handed = ingest(SOURCE, &["evt_6"], BODY, at(20));
+    handed.lease = Some(IngestLease {
+        owner: "worker-h".to_owned(),
+        until: at(50),
+    });
+    let e6 = new_deliveries(&ingest_ok(&store, handed).await);
+
+    let woken = store
+        .wake_destination(app, at(10))
+        .await
+        .expect("wake_destination");
+    assert_eq!(woken, 3, "the waiting and the retrying rows of {app}");
+    assert_eq!(
+        store
+            .wake_destination(app, at(10))
+            .await
+            .expect("wake_destination"),
+        0,
+        "a second wake moves nothing"
+    );
+    for (id, attempts, next) in [
+        (e1[0], 0, at(10)),
+        (e2[0], 1, at(10)),
+        (e3[0], 0, at(10)),
+        (e1[1], 0, at(3600)),
+        (e5[0], 0, at(5)),
+        (e6[0], 0, at(20)),
+    ] {
+        let row = delivery(&store, id).await;
+        assert_eq!(row.state, DeliveryState::Pending, "{id}");
+        assert_eq!(row.next_attempt_at, Some(next), "{id}");
+        assert_eq!(
+            (row.attempts, row.history.len()),
+            (attempts, attempts as usize),
+            "{id}"
+        );
+    }
+    assert_eq!(
+        delivery(&store, e2[0]).await.last_error.as_deref(),
+        Some("HTTP 500")
+    );
+
+    let leased = lease(&store, "worker-b", at(10), 100).await;
+    assert_eq!(
+        ids(&leased),
+        BTreeSet::from([e1[0], e2[0], e3[0], e5[0], e5[1]]),
+        "{app}'s woken rows and what was due; not {audit}'s, not the hand-off"
+    );
+    for d in &leased {
+        let want = if d.id == e2[0] { 1 } else { 0 };
+        assert_eq!(d.attempts, want, "{}", d.id);
+    }
+    assert_eq!(
+        store
+            .wake_destination(app, at(11))
+            .await
+            .expect("wake_destination"),
+        0,
+        "rows under a running lease are not moved"
+    );
+    assert_eq!(
+        store
+            .wake_destination(audit, at(11))
+            .await
+            .expect("wake_destination"),
+        1
+    );
+    assert_eq!(
+        ids(&lease(&store, "worker-c", at(11), 100).await),
+        BTreeSet::from([e1[1]])
+    );
+}
+
+/// Recording a wait can lease the worker's next due delivery, as recording an attempt can:
+/// every due delivery once, never the one just put off, and none is counted an attempt.
+pub async fn a_wait_leases_the_next_due_delivery_not_the_waited_one<S: Store>(store: S) {
+    let first = one_event(&store, "evt_1", T0).await;
+    let second = one_event(&store, "evt_2", at(1)).await;
+    let leased = lease(&store, WORKER, at(2), 1).await;
+    assert_eq!(ids(&leased), BTreeSet::from([first[0]]));
+
+    let mut waited = BTreeSet::new();
+    let mut current = leased[0].id;
+    loop {
+        assert!(waited.insert(current), "{current} leased twice");
+        let result = attempt(current, at(3), None, None, Wait(at(3600)));
+        let Some(next) = store
+            .record_attempt_and_lease(result, at(4), LEASE)
+            .await
+            .expect("record_attempt_and_lease")
+        else {
+            break;
+        };
+        if current == first[0] {
+            assert_eq!(next.id, first[1], "the earliest due delivery is next");
+        }
+        assert_eq!(next.attempts, 0);
+        current = next.id;
+    }
+    let all: BTreeSet<_> = first.iter().chain(&second).copied().collect();
+    assert_eq!(waited, all, "every due delivery once, none waited twice");
+    for id in &all {
+        let row = delivery(&store, *id).await;
+        assert_eq!(row.state, DeliveryState::Pending);
+        assert_eq!(row.next_attempt_at, Some(at(3600)));
+        assert_eq!((row.attempts, row.history.len()), (0, 0), "{id}");
+    }
+    assert!(lease(&store, "worker-b", at(3599), 10).await.is_empty());
+    assert_eq!(ids(&lease(&store, "worker-b", at(3600), 10).await), all);
 }
