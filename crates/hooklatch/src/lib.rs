@@ -334,6 +334,10 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
 
     ready.store(true, Ordering::Release);
     tracing::info!(listen = %settings.listen, admin = %settings.admin_listen, "hooklatch is ready");
+    tracing::info!(
+        "web inspector: http://{}/ui/ (with the admin token)",
+        settings.admin_listen
+    );
     cancel.cancelled().await;
     tracing::info!("shutting down: no new requests; finishing those in flight");
     ready.store(false, Ordering::Release);

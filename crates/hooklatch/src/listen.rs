@@ -9,7 +9,7 @@
 //! wrong.
 //!
 //! On the gateway's side a listen destination is an outbox destination like any other: the
-//! delivery workers lease its rows, and an attempt is [`ListenHub::forward`]: the frame goes
+//! delivery workers lease its rows, and an attempt is `ListenHub::forward`: the frame goes
 //! to the connected listener and the task waits for its answer (the destination's `timeout`,
 //! plus [`ROUND_TRIP`]). 2xx is success; anything else is a failure retried by the
 //! destination's policy, as for HTTP. With no listener connected the row is not attempted: it

@@ -18,6 +18,7 @@ mod booking;
 mod crash;
 mod forgery;
 mod hygiene;
+mod inspector;
 mod listen;
 mod postgres;
 mod providers;

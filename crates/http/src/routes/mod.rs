@@ -4,6 +4,7 @@ pub(crate) mod deliveries;
 pub(crate) mod health;
 pub(crate) mod ingest;
 pub(crate) mod requests;
+pub(crate) mod ui;
 
 use std::sync::Arc;
 
@@ -33,6 +34,7 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .merge(protected)
+        .merge(ui::router())
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .fallback(not_found)
