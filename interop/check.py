@@ -669,7 +669,11 @@ class Run:
             "store": {"url": f"sqlite://{self.tmp / 'interop.db'}"},
             "sources": sources,
             "destinations": [
-                {"name": "app", "url": f"http://127.0.0.1:{self.sink.port}/sink"},
+                {
+                    "name": "app",
+                    "url": f"http://127.0.0.1:{self.sink.port}/sink",
+                    "allow": ["127.0.0.1"],
+                },
             ],
         }
 

@@ -54,6 +54,7 @@ destinations = ["sink"]
 [[destinations]]
 name = "sink"
 url = "http://127.0.0.1:{sink}/sink"
+allow = ["127.0.0.1"]
 "#,
             db = dir.join("hooklatch.db").display(),
         ),

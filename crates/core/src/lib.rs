@@ -22,6 +22,7 @@
 pub mod headers;
 pub mod id;
 pub mod keys;
+pub mod netguard;
 pub mod provider;
 pub mod retry;
 pub mod secret;

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hooklatch_core::netguard::AddressPolicy;
 use hooklatch_core::provider::standard_webhooks::decode_secret;
 use hooklatch_core::provider::{
     Discord, Generic, GenericSettings, GitHub, Paddle, Razorpay, Shopify, SignatureEncoding, Slack,
@@ -158,6 +159,9 @@ pub enum DestinationKind {
         url: reqwest::Url,
         /// Signs deliveries (Standard Webhooks scheme) when set.
         secret: Option<Secret>,
+        /// The special addresses (loopback, private, link-local, …) deliveries may reach:
+        /// `allow`.
+        allow: AddressPolicy,
     },
     /// Publish to a RabbitMQ exchange, persistent, confirmed and mandatory.
     Amqp(AmqpSettings),
@@ -296,6 +300,7 @@ struct RawDestination {
     secret: Option<String>,
     amqp: Option<String>,
     listen_token: Option<String>,
+    allow: Option<Vec<String>>,
     exchange: Option<String>,
     routing_key: Option<String>,
     declare: Option<bool>,
@@ -363,6 +368,12 @@ fn listen_kind(
             "applies only to amqp destinations",
         ));
     }
+    if rd.allow.is_some() {
+        return Err(err(
+            format!("{key}.allow"),
+            "applies only to HTTP destinations (a listener chooses where its deliveries go)",
+        ));
+    }
     let token = read_secret(&format!("{key}.listen_token"), reference, env, base_dir)?;
     if token.expose().len() < 16 {
         return Err(err(
@@ -415,9 +426,35 @@ fn destination_kind(
                 return Err(err(format!("{key}.url"), "must be http:// or https://"));
             }
             let secret = signing_secret(key, rd, env, base_dir)?;
-            Ok(DestinationKind::Http { url, secret })
+            let allow = AddressPolicy::new(
+                rd.allow
+                    .iter()
+                    .flatten()
+                    .map(|entry| {
+                        AddressPolicy::parse_entry(entry)
+                            .map_err(|e| err(format!("{key}.allow"), e))
+                    })
+                    .collect::<Result<_, _>>()?,
+            );
+            if let Err(blocked) = crate::outbound::check_literal(&url, &allow) {
+                return Err(err(
+                    format!("{key}.url"),
+                    format!(
+                        "{blocked}: deliveries reach such addresses only when allowed, e.g. \
+                         allow = [\"{}\"]",
+                        blocked.ip
+                    ),
+                ));
+            }
+            Ok(DestinationKind::Http { url, secret, allow })
         }
         (None, Some(reference)) => {
+            if rd.allow.is_some() {
+                return Err(err(
+                    format!("{key}.allow"),
+                    "applies only to HTTP destinations (the broker's address is the operator's choice)",
+                ));
+            }
             if rd.secret.is_some() {
                 return Err(err(
                     format!("{key}.secret"),
@@ -1189,7 +1226,7 @@ destinations = ["app"]
 
 [[destinations]]
 name = "app"
-url = "http://127.0.0.1:3000/webhooks/stripe"
+url = "http://app.internal:3000/webhooks/stripe"
 "#;
 
     #[test]
@@ -1425,10 +1462,50 @@ tolerance = "30s"
     }
 
     #[test]
+    fn a_destination_on_a_special_address_needs_it_in_allow() {
+        let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x")]);
+        let at = |url: &str, allow: &str| {
+            EXAMPLE.replace(
+                "url = \"http://app.internal:3000/webhooks/stripe\"",
+                &format!("url = \"{url}\"\n{allow}"),
+            )
+        };
+        for url in [
+            "http://127.0.0.1:3000/",
+            "http://2130706433/",
+            "http://[::1]/",
+            "http://169.254.169.254/latest/meta-data/",
+            "http://10.0.0.5/hooks",
+        ] {
+            let msg = load_str(&at(url, ""), &e).unwrap_err().to_string();
+            assert!(msg.starts_with("destinations[0].url: "), "{msg}");
+            assert!(msg.contains("allow = ["), "{msg}");
+        }
+        let s = load_str(
+            &at("http://127.0.0.1:3000/", "allow = [\"127.0.0.0/8\"]"),
+            &e,
+        )
+        .unwrap();
+        let DestinationKind::Http { allow, .. } = &s.destinations[0].kind else {
+            panic!()
+        };
+        assert_eq!(allow.allowed()[0].to_string(), "127.0.0.0/8");
+        // A name is checked when it is resolved, at delivery.
+        load_str(&at("http://localhost:3000/", ""), &e).unwrap();
+        let msg = load_str(&at("http://127.0.0.1/", "allow = [\"localhost\"]"), &e)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("destinations[0].allow: \"localhost\" is not"),
+            "{msg}"
+        );
+    }
+
+    #[test]
     fn listen_destinations_are_checked_and_never_show_their_token() {
         let listen = |rest: &str| {
             EXAMPLE.replace(
-                "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+                "url = \"http://app.internal:3000/webhooks/stripe\"",
                 &format!("listen_token = \"env:LISTEN_TOKEN\"\n{rest}"),
             )
         };
@@ -1464,6 +1541,11 @@ tolerance = "30s"
             "destinations[0].exchange: applies only to amqp destinations",
         );
         check(
+            &listen("allow = [\"127.0.0.1\"]"),
+            &e,
+            "destinations[0].allow: applies only to HTTP destinations",
+        );
+        check(
             &listen("secret = \"whsec_!!\""),
             &e,
             "destinations[0].secret: a secret starting with whsec_ must continue with base64",
@@ -1484,7 +1566,7 @@ tolerance = "30s"
     fn amqp_destinations_are_checked_and_never_show_their_password() {
         let amqp = |rest: &str| {
             EXAMPLE.replace(
-                "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+                "url = \"http://app.internal:3000/webhooks/stripe\"",
                 &format!("amqp = \"env:MQ_URL\"\n{rest}"),
             )
         };
@@ -1548,7 +1630,7 @@ tolerance = "30s"
             "destinations[0].exchange: applies only to amqp destinations",
         );
         check(
-            &EXAMPLE.replace("url = \"http://127.0.0.1:3000/webhooks/stripe\"", ""),
+            &EXAMPLE.replace("url = \"http://app.internal:3000/webhooks/stripe\"", ""),
             "destinations[0].url: is required",
         );
         let mut bad = e.clone();
@@ -1614,11 +1696,11 @@ tolerance = "30s"
     #[test]
     fn amqps_destinations_are_refused_with_a_way_out_and_without_their_password() {
         let toml = EXAMPLE.replace(
-            "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+            "url = \"http://app.internal:3000/webhooks/stripe\"",
             "amqp = \"env:MQ_URL\"\nexchange = \"payments\"\nrouting_key = \"payment.confirmed\"",
         );
         let inline = EXAMPLE.replace(
-            "url = \"http://127.0.0.1:3000/webhooks/stripe\"",
+            "url = \"http://app.internal:3000/webhooks/stripe\"",
             "amqp = \"amqps://guest:pa55word@mq.internal:5671/%2f\"\nexchange = \"payments\"\nrouting_key = \"payment.confirmed\"",
         );
         for url in [

@@ -44,6 +44,7 @@ use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher};
 
 use crate::config::{Destination, DestinationKind};
 use crate::listen::{Forwarded, ListenHub};
+use crate::outbound::check_literal;
 
 /// Request headers never forwarded: hop-by-hop headers, ones the HTTP client sets itself, and
 /// the Standard Webhooks headers hooklatch writes with its own signature.
@@ -86,7 +87,9 @@ pub struct Worker {
     pub(crate) publishers: HashMap<String, Arc<Publisher>>,
     /// Each source's provider, by source name (the `hooklatch-provider` AMQP header).
     pub(crate) providers: HashMap<String, &'static str>,
-    pub(crate) client: reqwest::Client,
+    /// One client per HTTP destination, by name, each with its destination's address policy
+    /// (`crate::outbound`).
+    pub(crate) clients: HashMap<String, reqwest::Client>,
     pub(crate) owner: String,
     pub(crate) concurrency: usize,
     pub(crate) poll_interval: Duration,
@@ -119,17 +122,6 @@ struct NextDue {
 }
 
 impl Worker {
-    /// Builds the HTTP client deliveries use: no redirects, no proxy from the environment.
-    pub(crate) fn client() -> reqwest::Result<reqwest::Client> {
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .user_agent(concat!("hooklatch/", env!("CARGO_PKG_VERSION")))
-            .connect_timeout(Duration::from_secs(10))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build()
-    }
-
     /// Runs until `cancel`, then lets in-flight attempts finish for up to `grace` and releases
     /// the leases it still holds.
     pub async fn run(self, cancel: CancellationToken, grace: Duration) {
@@ -356,8 +348,8 @@ impl Worker {
         };
         drop(_enter);
         let outcome = match &dest.kind {
-            DestinationKind::Http { url, secret } => self
-                .send(&dest, url, secret.as_ref(), &delivery, attempt, started_at)
+            DestinationKind::Http { .. } => self
+                .send(&dest, &delivery, attempt, started_at)
                 .await
                 .map(|(status, retry_after)| (Some(status), retry_after)),
             DestinationKind::Amqp(_) => self
@@ -476,18 +468,24 @@ impl Worker {
     async fn send(
         &self,
         dest: &Destination,
-        url: &reqwest::Url,
-        secret: Option<&hooklatch_core::Secret>,
         delivery: &LeasedDelivery,
         attempt: u32,
         now: Timestamp,
     ) -> Result<(u16, Option<String>), String> {
-        let (body, headers) = outgoing(delivery, attempt, secret, now);
-        let mut req = self
-            .client
-            .post(url.clone())
-            .timeout(dest.timeout)
-            .body(body);
+        let DestinationKind::Http { url, secret, allow } = &dest.kind else {
+            return Err(format!(
+                "destination {:?} is not an HTTP destination",
+                dest.name
+            ));
+        };
+        // Start-up refuses a blocked address in the URL; this keeps the rule where it is used.
+        check_literal(url, allow).map_err(|blocked| format!("not sent: {blocked}"))?;
+        let client = self
+            .clients
+            .get(&dest.name)
+            .ok_or_else(|| format!("no HTTP client for destination {:?}", dest.name))?;
+        let (body, headers) = outgoing(delivery, attempt, secret.as_ref(), now);
+        let mut req = client.post(url.clone()).timeout(dest.timeout).body(body);
         for (name, value) in &headers {
             req = req.header(name.as_str(), value.as_slice());
         }
@@ -789,12 +787,19 @@ mod tests {
     }
 
     /// A worker delivering to `url` as the destination `app`.
+    /// The test handlers' addresses.
+    fn loopback() -> hooklatch_core::netguard::AddressPolicy {
+        use hooklatch_core::netguard::AddressPolicy;
+        AddressPolicy::new(vec![AddressPolicy::parse_entry("127.0.0.0/8").unwrap()])
+    }
+
     fn worker(store: Arc<SlowCommits>, url: &str, concurrency: usize, poll: Duration) -> Worker {
         let destination = Destination {
             name: "app".to_owned(),
             kind: DestinationKind::Http {
                 url: url.parse().unwrap(),
                 secret: None,
+                allow: loopback(),
             },
             timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
@@ -812,7 +817,10 @@ mod tests {
             destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
             publishers: HashMap::new(),
             providers: HashMap::new(),
-            client: Worker::client().unwrap(),
+            clients: HashMap::from([(
+                "app".to_owned(),
+                crate::outbound::client(loopback()).unwrap(),
+            )]),
             owner: "test-worker".to_owned(),
             concurrency,
             poll_interval: poll,

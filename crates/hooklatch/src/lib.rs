@@ -34,6 +34,7 @@ pub mod fixtures;
 pub mod listen;
 pub mod listener;
 mod maintenance;
+mod outbound;
 pub mod replay;
 mod server;
 
@@ -288,7 +289,18 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         destinations,
         publishers: publishers.clone(),
         providers,
-        client: delivery::Worker::client().context("building the delivery HTTP client")?,
+        clients: settings
+            .destinations
+            .iter()
+            .filter_map(|d| match &d.kind {
+                config::DestinationKind::Http { allow, .. } => Some(
+                    outbound::client(allow.clone())
+                        .map(|client| (d.name.clone(), client))
+                        .context("building a delivery HTTP client"),
+                ),
+                _ => None,
+            })
+            .collect::<anyhow::Result<_>>()?,
         owner,
         concurrency: settings.delivery.concurrency,
         poll_interval: settings.delivery.poll_interval,
@@ -393,7 +405,7 @@ fn log_effective_config(settings: &Settings) {
     }
     for d in &settings.destinations {
         match &d.kind {
-            config::DestinationKind::Http { url, secret } => {
+            config::DestinationKind::Http { url, secret, allow } => {
                 let mut url = url.clone();
                 let _ = url.set_password(None);
                 let _ = url.set_username("");
@@ -401,6 +413,7 @@ fn log_effective_config(settings: &Settings) {
                     destination = %d.name,
                     url = %url,
                     signed = secret.is_some(),
+                    allow = ?allow.allowed().iter().map(ToString::to_string).collect::<Vec<_>>(),
                     max_attempts = d.retry.max_attempts,
                     "destination"
                 );

@@ -66,6 +66,7 @@ Example:
   [[destinations]]
   name = \"booking\"
   url = \"http://127.0.0.1:3001/webhooks/whatsapp\"
+  allow = [\"127.0.0.1\"]
   secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"
 
   curl http://127.0.0.1:3001/bookings";

@@ -215,6 +215,7 @@ destinations = ["booking"]
 [[destinations]]
 name = "booking"
 url = "{url}"
+allow = ["127.0.0.1"]
 secret = "{DESTINATION_SECRET}"
 "#,
         url = service.webhook_url()

@@ -20,6 +20,7 @@ mod forgery;
 mod hygiene;
 mod inspector;
 mod listen;
+mod outbound;
 mod postgres;
 mod providers;
 mod redeliver;

@@ -686,6 +686,7 @@ destinations = ["app"]
 [[destinations]]
 name = "app"
 url = "{url}"
+allow = ["127.0.0.1"]
 timeout = "{timeout}"
 max_attempts = {max_attempts}
 initial_backoff = "{initial_backoff}"

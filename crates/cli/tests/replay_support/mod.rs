@@ -163,7 +163,7 @@ impl Gateway {
             let (ingest_port, admin_port) = (free_port(), free_port());
             let destinations = match destination {
                 Some(url) => format!(
-                    "destinations = [\"app\"]\n\n[[destinations]]\nname = \"app\"\nurl = \"{url}\"\ninitial_backoff = \"100ms\"\nmax_backoff = \"200ms\"\n"
+                    "destinations = [\"app\"]\n\n[[destinations]]\nname = \"app\"\nurl = \"{url}\"\nallow = [\"127.0.0.1\"]\ninitial_backoff = \"100ms\"\nmax_backoff = \"200ms\"\n"
                 ),
                 None => String::new(),
             };

@@ -1,0 +1,117 @@
+//! Where deliveries may go: a real gateway refuses to dial loopback, private and link-local
+//! addresses its destination's `allow` list does not hold.
+//!
+//! Proves that a destination named `localhost` (resolving to loopback) with no `allow` is
+//! never dialled: a canary handler listening there gets no connection, the attempts fail with
+//! "resolves only to blocked addresses" and the delivery is dead-lettered, while the same
+//! gateway's allowed destination on 127.0.0.1 is delivered; and that a destination whose URL
+//! holds a blocked address (the metadata endpoint, loopback in decimal, `[::1]`, 127.0.0.2)
+//! stops `hooklatch check-config` with status 2 and the line to add.
+
+use std::process::Command;
+
+use crate::support::{
+    stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler, Options,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_resolving_to_loopback_is_not_dialled_without_allow() {
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let canary = Handler::start(Behaviour::AlwaysOk).await;
+    let port = canary
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let gw = Gateway::start_with(
+        &app,
+        Options {
+            extra_config: format!(
+                r#"
+[[sources]]
+name = "probe"
+provider = "stripe"
+secrets = ["env:E2E_STRIPE_SECRET"]
+destinations = ["internal"]
+
+[[destinations]]
+name = "internal"
+url = "http://localhost:{port}/sink"
+max_attempts = 2
+initial_backoff = "100ms"
+"#
+            ),
+            ..Options::default()
+        },
+    )
+    .await;
+    let event_id = unique("evt_outbound");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let (status, json) = gw.post("probe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    let key = format!("probe:{event_id}");
+
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    assert_eq!(dead["destination"], "internal", "{dead}");
+    let error = dead["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("localhost resolves only to blocked addresses"),
+        "{error}"
+    );
+    assert!(error.contains("loopback"), "{error}");
+    assert_eq!(dead["history"].as_array().map(Vec::len), Some(2), "{dead}");
+    // The same gateway's destination on 127.0.0.1, allowed, is delivered.
+    let allowed_id = unique("evt_outbound_allowed");
+    let body = stripe_invoice_paid(&allowed_id, 5000);
+    let (status, _) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(status, 200);
+    let allowed = format!("stripe:{allowed_id}");
+    wait_until("the allowed destination gets its event", || {
+        app.count_for(&allowed) == 1
+    })
+    .await;
+    assert_eq!(
+        canary.total(),
+        0,
+        "the blocked destination was never dialled"
+    );
+}
+
+#[test]
+fn a_blocked_address_in_a_url_stops_the_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    for url in [
+        "http://169.254.169.254/latest/meta-data/",
+        "http://2130706433:3000/",
+        "http://[::1]:3000/",
+        "http://127.0.0.2:3000/",
+        "http://[::ffff:10.0.0.1]/",
+    ] {
+        let config = dir.path().join("hooklatch.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[store]\nurl = \"sqlite://x.db\"\n\n[[destinations]]\nname = \"app\"\nurl = \"{url}\"\n"
+            ),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .env("HOOKLATCH_ADMIN_TOKEN", "outbound-admin-token-0123456789")
+            .output()
+            .expect("running check-config");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        assert!(stderr.contains("destinations[0].url: "), "{url}: {stderr}");
+        assert!(stderr.contains("allow = [\""), "{url}: {stderr}");
+    }
+}
