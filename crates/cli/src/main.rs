@@ -77,7 +77,8 @@ Examples:
   #   name = \"laptop\"
   #   listen_token = \"env:HOOKLATCH_LISTEN_TOKEN\"
   # and a source delivering to it. On the laptop, with the same token:
-  HOOKLATCH_LISTEN_TOKEN=... hooklatch listen laptop --gateway https://hooks.example.com --forward-to http://127.0.0.1:3000/webhooks/stripe
+  HOOKLATCH_LISTEN_TOKEN=... hooklatch listen laptop \\
+    --gateway https://hooks.example.com --forward-to http://127.0.0.1:3000/webhooks/stripe
 
   # Against a gateway on this machine started with examples/listen.toml:
   HOOKLATCH_LISTEN_TOKEN=dev-listen-token-0123456789 hooklatch listen laptop \\
