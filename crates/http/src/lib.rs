@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+mod extract;
 pub mod handoff;
 mod routes;
 

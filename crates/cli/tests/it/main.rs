@@ -14,6 +14,7 @@ mod support;
 #[path = "../common/test_database.rs"]
 mod test_database;
 
+mod api_fuzz;
 mod booking;
 mod crash;
 mod forgery;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use hooklatch_core::store::{DeliveryFilter, DeliveryState, Redrive};
@@ -10,6 +10,7 @@ use hooklatch_core::{DeliveryId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::extract::ApiQuery;
 use crate::routes::requests::{delivery_json, page_limit};
 use crate::{AdminState, ApiError};
 
@@ -24,7 +25,7 @@ pub(crate) struct ListQuery {
 
 pub(crate) async fn list(
     State(state): State<Arc<AdminState>>,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let filter_state = q
         .state
@@ -38,6 +39,7 @@ pub(crate) async fn list(
     let before = q
         .cursor
         .as_deref()
+        .filter(|c| !c.is_empty())
         .map(|c| DeliveryId::parse(c).ok_or_else(|| ApiError::bad_parameter("cursor is not valid")))
         .transpose()?;
     let limit = page_limit(q.limit)?;

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
@@ -13,6 +14,7 @@ use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::extract::{invalid_body, ApiJson, ApiQuery};
 use crate::{AdminState, ApiError};
 
 /// Page size when none is asked for, and the most one page may hold.
@@ -36,7 +38,7 @@ pub(crate) struct ListQuery {
 
 pub(crate) async fn list(
     State(state): State<Arc<AdminState>>,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let verdict = q
         .verdict
@@ -52,6 +54,7 @@ pub(crate) async fn list(
     let before = q
         .cursor
         .as_deref()
+        .filter(|c| !c.is_empty())
         .map(|c| RequestId::parse(c).ok_or_else(|| ApiError::bad_parameter("cursor is not valid")))
         .transpose()?;
     let limit = page_limit(q.limit)?;
@@ -127,10 +130,17 @@ pub(crate) struct RedeliverBody {
 pub(crate) async fn redeliver(
     State(state): State<Arc<AdminState>>,
     Path(id): Path<String>,
-    body: Option<Json<RedeliverBody>>,
+    body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    // The body is optional: none, or `{"destination": "…"}` (its content type not required).
+    let body: RedeliverBody = if body.iter().all(u8::is_ascii_whitespace) {
+        RedeliverBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|err| {
+            invalid_body(format!("the body is not {{\"destination\": \"…\"}}: {err}"))
+        })?
+    };
     let id = RequestId::parse(&id).ok_or_else(|| ApiError::not_found("no such request"))?;
-    let body = body.map(|Json(b)| b).unwrap_or_default();
     let request = state
         .store
         .get_request(id)
@@ -224,7 +234,7 @@ pub(crate) const IMPORT_LIMIT: usize = 64 << 20;
 /// before any is stored.
 pub(crate) async fn import(
     State(state): State<Arc<AdminState>>,
-    Json(doc): Json<ImportDoc>,
+    ApiJson(doc): ApiJson<ImportDoc>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     if doc.hooklatch_export != 1 {
         return Err(ApiError::bad_parameter(format!(
