@@ -367,7 +367,7 @@ impl Worker {
                     metrics::counter!("hooklatch_delivery_waits_total",
                         "destination" => dest.name.clone())
                     .increment(1);
-                    let until = started_at.plus(self.listen.away_recheck);
+                    let until = self.listen.wait_until(&delivery, started_at);
                     return self.unsent(&delivery, started_at, None, AttemptNext::Wait(until));
                 }
             },
@@ -810,7 +810,7 @@ mod tests {
             enqueued.clone(),
             &[],
             CancellationToken::new(),
-            crate::listen::AWAY_RECHECK,
+            false,
         ));
         Worker {
             store,

@@ -219,7 +219,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         enqueued.clone(),
         &settings.destinations,
         stop_serving.clone(),
-        away_recheck(&settings.store),
+        store_is_shared(&settings.store),
     ));
     let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
         store: store.clone(),
@@ -367,14 +367,14 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     Ok(())
 }
 
-/// How long a delivery to a `listen` destination with no listener connected waits: long on a
-/// store one gateway holds, short on one several may share (see [`listen::AWAY_RECHECK`]).
-fn away_recheck(store: &config::StoreSettings) -> Duration {
+/// Whether other gateways may share the store (and so hold a `listen` destination's listener):
+/// PostgreSQL; one `serve` holds a SQLite file.
+fn store_is_shared(store: &config::StoreSettings) -> bool {
     match &store.backend {
         #[cfg(feature = "sqlite")]
-        config::StoreBackend::Sqlite(_) => listen::AWAY_RECHECK,
+        config::StoreBackend::Sqlite(_) => false,
         #[cfg(feature = "postgres")]
-        config::StoreBackend::Postgres(_) => listen::AWAY_RECHECK_SHARED,
+        config::StoreBackend::Postgres(_) => true,
     }
 }
 

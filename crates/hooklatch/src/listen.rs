@@ -14,7 +14,8 @@
 //! plus [`ROUND_TRIP`]). 2xx is success; anything else is a failure retried by the
 //! destination's policy, as for HTTP. With no listener connected the row is not attempted: it
 //! waits ([`AttemptNext::Wait`](hooklatch_core::store::AttemptNext::Wait)) for
-//! [`AWAY_RECHECK`] ([`AWAY_RECHECK_SHARED`] on PostgreSQL) without counting an attempt, so events that arrive while the laptop
+//! [`AWAY_RECHECK`] (on PostgreSQL a quarter of its age, up to [`AWAY_RECHECK_SHARED`])
+//! without counting an attempt, so events that arrive while the laptop
 //! sleeps wait in the outbox (on disk, for as long as the destination's retention allows)
 //! and none nears its dead-letter. A listener connecting makes its destination's waiting
 //! rows due at once ([`Store::wake_destination`]).
@@ -54,10 +55,15 @@ use crate::delivery::outgoing;
 /// backlog from being leased over and over.
 pub const AWAY_RECHECK: Duration = Duration::from_secs(300);
 
-/// The same on a store several gateways may share (PostgreSQL): an instance the listener is not
-/// connected to may take its destination's rows (after a wake too), and they wait this long
-/// before a worker, maybe the connected instance's, takes them again.
+/// The longest wait on a store several gateways may share (PostgreSQL): an instance the
+/// listener is not connected to may take its destination's rows (after a wake too), and
+/// puts each back for a quarter of its age, from [`AWAY_RECHECK_SHARED_MIN`] to this, before
+/// a worker, maybe the connected instance's, takes it again. A fresh event is back within a
+/// second; a backlog a sleeping laptop left is looked at every 15 s.
 pub const AWAY_RECHECK_SHARED: Duration = Duration::from_secs(15);
+
+/// The shortest of those waits.
+pub const AWAY_RECHECK_SHARED_MIN: Duration = Duration::from_secs(1);
 
 /// Time allowed beyond the destination's `timeout` for a frame to reach the listener and its
 /// answer to come back.
@@ -181,8 +187,11 @@ pub struct ListenHub {
     tokens: HashMap<String, Secret>,
     /// Fires when the gateway shuts down: every stream ends.
     closing: CancellationToken,
-    /// How long a delivery with no listener waits: [`AWAY_RECHECK`] or [`AWAY_RECHECK_SHARED`].
-    pub(crate) away_recheck: Duration,
+    /// How long a delivery with no listener waits: [`AWAY_RECHECK`], or at most
+    /// [`AWAY_RECHECK_SHARED`] when `shared`.
+    away_recheck: Duration,
+    /// Whether other gateways may share the store (and hold the listener).
+    shared: bool,
     state: Mutex<HubState>,
 }
 
@@ -204,14 +213,15 @@ struct Waiting {
 }
 
 impl ListenHub {
-    /// A hub for the listen destinations among `destinations`; a delivery with no listener
-    /// waits `away_recheck`.
+    /// A hub for the listen destinations among `destinations`. A delivery with no listener
+    /// waits [`AWAY_RECHECK`], or, when other gateways may `share` the store, a quarter of
+    /// its age within [`AWAY_RECHECK_SHARED_MIN`]..[`AWAY_RECHECK_SHARED`].
     pub fn new(
         store: Arc<dyn Store>,
         enqueued: Arc<Notify>,
         destinations: &[Destination],
         closing: CancellationToken,
-        away_recheck: Duration,
+        shared: bool,
     ) -> ListenHub {
         let tokens = destinations
             .iter()
@@ -225,7 +235,12 @@ impl ListenHub {
             enqueued,
             tokens,
             closing,
-            away_recheck,
+            away_recheck: if shared {
+                AWAY_RECHECK_SHARED
+            } else {
+                AWAY_RECHECK
+            },
+            shared,
             state: Mutex::new(HubState::default()),
         }
     }
@@ -233,6 +248,17 @@ impl ListenHub {
     fn state(&self) -> std::sync::MutexGuard<'_, HubState> {
         // A panic while holding the lock leaves maps that are still consistent.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When a delivery found with no listener at `now` is looked at again.
+    pub(crate) fn wait_until(&self, delivery: &LeasedDelivery, now: Timestamp) -> Timestamp {
+        let wait = if self.shared {
+            (now.since(delivery.round_started_at) / 4)
+                .clamp(AWAY_RECHECK_SHARED_MIN, self.away_recheck)
+        } else {
+            self.away_recheck
+        };
+        now.plus(wait)
     }
 
     /// Whether a listener is connected for `destination`.
@@ -575,6 +601,48 @@ mod tests {
         assert_eq!(back.bytes(), Some(raw));
         let text = FrameHeader::new("x-ok".to_owned(), b"plain".to_vec());
         assert_eq!(text.bytes(), Some(b"plain".to_vec()));
+    }
+
+    #[test]
+    fn a_delivery_with_no_listener_waits_by_its_age_on_a_shared_store() {
+        use hooklatch_core::store::LeasedDelivery;
+        use hooklatch_core::{IdempotencyKey, RequestId};
+        let hub = |shared| {
+            ListenHub::new(
+                Arc::new(hooklatch_testkit::MemoryStore::default()),
+                Arc::new(Notify::new()),
+                &[],
+                CancellationToken::new(),
+                shared,
+            )
+        };
+        let received = Timestamp::from_secs(1_000_000);
+        let delivery = LeasedDelivery {
+            id: DeliveryId(1),
+            request_id: RequestId(1),
+            source: "stripe".to_owned(),
+            event_key: "evt_1".to_owned(),
+            event_type: None,
+            destination: "laptop".to_owned(),
+            idempotency_key: IdempotencyKey::from_stored("stripe:evt_1".to_owned()),
+            attempts: 0,
+            round_started_at: received,
+            method: "POST".to_owned(),
+            path: "/in/stripe".to_owned(),
+            headers: Vec::new(),
+            body: Bytes::new(),
+        };
+        let wait = |hub: &ListenHub, age_s: u64| {
+            let now = received.plus(Duration::from_secs(age_s));
+            hub.wait_until(&delivery, now).since(now)
+        };
+        let shared = hub(true);
+        assert_eq!(wait(&shared, 0), AWAY_RECHECK_SHARED_MIN);
+        assert_eq!(wait(&shared, 20), Duration::from_secs(5));
+        assert_eq!(wait(&shared, 3_600), AWAY_RECHECK_SHARED);
+        let alone = hub(false);
+        assert_eq!(wait(&alone, 0), AWAY_RECHECK);
+        assert_eq!(wait(&alone, 3_600), AWAY_RECHECK);
     }
 
     #[test]

@@ -629,6 +629,19 @@ mod tests {
             recorded.len() == 1 && recorded[0] > 0.0,
             "one wait recorded: {recorded:?}"
         );
+        // The wait is bounded (RESTART_WAIT); on a loaded machine the pass may finish after
+        // it, and the write would then start the WAL over one write later. Wait for the pass
+        // here, so the write below is the one after a pass that copied everything.
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let flags = wal.checkpointer.shared.lock();
+            if flags.passed >= flags.committed {
+                break;
+            }
+            drop(flags);
+            assert!(Instant::now() < until, "no pass copied the last commit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         wal.writer
             .execute("INSERT INTO t VALUES (x'00')", [])
             .expect("a write");

@@ -334,3 +334,64 @@ async fn listen_refusals_have_a_status_and_a_code() {
     assert!(status.1.contains("401"), "{}", status.1);
     assert!(!status.1.contains(wrong), "{}", status.1);
 }
+
+/// Two gateways on one PostgreSQL database, the listener connected to one of them: events
+/// sent to either while no listener is connected wait uncounted; once it connects they all
+/// arrive, once each — those the other instance takes are put back for 15 s and then taken
+/// by either again, until the connected one delivers them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_two_instances_deliver_to_the_one_listener() {
+    let Some(db) = crate::postgres::Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let laptop = Handler::start(Behaviour::AlwaysOk).await;
+    let shared = Options {
+        store_url: Some(db.url()),
+        ..options(1)
+    };
+    let a = Gateway::start_with(&app, shared.clone()).await;
+    let b = Gateway::start_with(&app, shared).await;
+    let mut keys = Vec::new();
+    for i in 0..6 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        keys.push(send(gw, "evt_listen_pg").await.key);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rows = laptop_rows(&a).await;
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r["state"] == "pending" && r["attempts"] == 0),
+        "{rows:?}"
+    );
+
+    let listener = Listener::start(&a, LISTEN_TOKEN, &laptop.url());
+    // Connected: more events, through the instance the listener is not connected to.
+    for _ in 0..4 {
+        keys.push(send(&b, "evt_listen_pg_live").await.key);
+    }
+    crate::support::wait_until_within(
+        "every event reaches the laptop",
+        Duration::from_secs(60),
+        || keys.iter().all(|k| laptop.count_for(k) >= 1),
+    )
+    .await;
+    for key in &keys {
+        assert_eq!(laptop.count_for(key), 1, "{key} arrived once");
+    }
+    eventually(
+        "every delivery recorded delivered, one attempt each",
+        async || {
+            let rows = laptop_rows(&b).await;
+            rows.len() == 10
+                && rows
+                    .iter()
+                    .all(|r| r["state"] == "delivered" && r["attempts"] == 1)
+        },
+    )
+    .await;
+    drop(listener);
+    drop((a, b));
+    db.drop_now().await;
+}
