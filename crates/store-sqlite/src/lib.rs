@@ -467,3 +467,32 @@ impl Store for SqliteStore {
             .await
     }
 }
+
+#[cfg(test)]
+mod durability_tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_without_a_wal_is_refused() {
+        // An in-memory database keeps its journal in memory: no WAL, nothing durable.
+        let err = open_connection(Path::new(":memory:"), false).expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains("sqlite journal_mode is memory, expected wal"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_file_is_opened_in_wal_with_a_synced_commit() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let conn = open_connection(&dir.path().join("t.db"), false).expect("opened");
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .unwrap();
+        let sync: i64 = conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .unwrap();
+        assert_eq!((mode.as_str(), sync), ("wal", 2));
+    }
+}
