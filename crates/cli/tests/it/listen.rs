@@ -130,6 +130,16 @@ async fn send(gw: &Gateway, prefix: &str) -> Sent {
     }
 }
 
+/// How many times this gateway found no listener for `laptop` and put a delivery back.
+async fn waits(gw: &Gateway) -> u64 {
+    let metrics = gw.metrics().await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("hooklatch_delivery_waits_total{destination=\"laptop\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 async fn laptop_rows(gw: &Gateway) -> Vec<Value> {
     gw.deliveries("destination=laptop").await
 }
@@ -144,8 +154,11 @@ async fn events_wait_uncounted_for_a_listener_then_arrive_once_byte_exact() {
     for _ in 0..5 {
         sent.push(send(&gw, "evt_listen_wait").await);
     }
-    // Every row is taken by the workers and put back to wait (the poll interval is 100 ms).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every row is taken by the workers and put back to wait, uncounted.
+    eventually("every event taken and put back to wait", async || {
+        waits(&gw).await >= 5
+    })
+    .await;
     let rows = laptop_rows(&gw).await;
     assert_eq!(rows.len(), 5, "{rows:?}");
     for row in &rows {
@@ -153,12 +166,6 @@ async fn events_wait_uncounted_for_a_listener_then_arrive_once_byte_exact() {
         assert_eq!(row["attempts"], 0, "{row}");
         assert_eq!(row["history"].as_array().map(Vec::len), Some(0), "{row}");
     }
-    assert!(
-        gw.metrics()
-            .await
-            .contains("hooklatch_delivery_waits_total{destination=\"laptop\"}"),
-        "the waits are counted in metrics"
-    );
 
     let listener = Listener::start(&gw, LISTEN_TOKEN, &laptop.url());
     wait_until("the five waiting events reach the laptop", || {
@@ -357,7 +364,10 @@ async fn on_postgres_two_instances_deliver_to_the_one_listener() {
         let gw = if i % 2 == 0 { &a } else { &b };
         keys.push(send(gw, "evt_listen_pg").await.key);
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    eventually("every event taken and put back to wait", async || {
+        waits(&a).await + waits(&b).await >= 6
+    })
+    .await;
     let rows = laptop_rows(&a).await;
     assert_eq!(rows.len(), 6, "{rows:?}");
     assert!(
