@@ -285,6 +285,18 @@ pub struct Rejected {
     pub status: u16,
 }
 
+/// The `Idempotency-Key` of a deliberate redelivery ([`Store::redeliver`]) of event `key` from
+/// request `request`: the event's own `{source}:{key}`, so the application's guard decides;
+/// but a [`Verdict::Conflict`] request carries a different body under a known key, and
+/// redelivering it releases that body as the new event it is, under `{source}:{key}:{req_N}`
+/// (a guard would otherwise take it for the event it already processed).
+pub fn redelivery_key(source: &str, key: &str, verdict: Verdict, request: RequestId) -> String {
+    match verdict {
+        Verdict::Conflict => format!("{source}:{key}:{request}"),
+        _ => format!("{source}:{key}"),
+    }
+}
+
 /// A delivery taken by a worker, with everything needed to send it.
 #[derive(Debug, Clone)]
 pub struct LeasedDelivery {
@@ -660,7 +672,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Queues a deliberate redelivery of a request's events to `destinations`, bypassing the
     /// claim on purpose: new deliveries, due at `now`, with the request's body and the events'
-    /// original `Idempotency-Key`s, so the application's guard still decides. Every call
+    /// original `Idempotency-Key`s, so the application's guard still decides — except for a
+    /// conflict, which is released under a key of its own ([`redelivery_key`]). Every call
     /// queues anew; nothing is swallowed.
     async fn redeliver(
         &self,

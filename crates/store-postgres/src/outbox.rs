@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive, Verdict,
+    redelivery_key, AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive,
+    Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, PgPool, Row};
@@ -527,7 +528,7 @@ pub(crate) async fn redeliver(
         .map(|r| r.try_get::<Option<String>, _>(0))
         .transpose()?
         .flatten();
-        let idempotency_key = format!("{source}:{key}");
+        let idempotency_key = redelivery_key(&source, key, verdict, request);
         queued.extend(
             ingest::insert_deliveries(
                 conn,

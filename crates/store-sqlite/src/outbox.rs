@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive, Verdict,
+    redelivery_key, AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive,
+    Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -325,7 +326,7 @@ pub(crate) fn redeliver(
             )
             .optional()?
             .flatten();
-        let idempotency_key = format!("{source}:{key}");
+        let idempotency_key = redelivery_key(&source, key, verdict, request);
         for destination in destinations {
             conn.execute(
                 "INSERT INTO deliveries (request_id, source, event_key, event_type, destination,

@@ -9,10 +9,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail, DeliveryFilter,
-    DeliveryState, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent, Purged,
-    Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
-    StoreStats, Verdict,
+    redelivery_key, verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail,
+    DeliveryFilter, DeliveryState, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent,
+    Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord,
+    RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -474,6 +474,7 @@ impl State {
         }
         let source = stored.record.source.clone();
         let keys = stored.keys.clone();
+        let verdict = stored.verdict;
         let mut queued = Vec::new();
         for key in keys {
             // The event type as the first delivery of this event recorded it.
@@ -492,7 +493,7 @@ impl State {
                         event_key: key.clone(),
                         event_type: event_type.clone(),
                         destination: destination.clone(),
-                        idempotency_key: format!("{source}:{key}"),
+                        idempotency_key: redelivery_key(&source, &key, verdict, request),
                         state: DeliveryState::Pending,
                         attempts: 0,
                         round_started_at: now,

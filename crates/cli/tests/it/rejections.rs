@@ -242,7 +242,9 @@ async fn the_same_key_with_a_different_body_is_held_as_a_conflict_and_not_forwar
     assert_eq!((status, first["status"].as_str()), (200, Some("accepted")));
     gw.wait_for_delivery_state(&key, "delivered").await;
 
-    let (status, json) = gw.post("stripe", &stripe_headers(&altered), altered).await;
+    let (status, json) = gw
+        .post("stripe", &stripe_headers(&altered), altered.clone())
+        .await;
     assert_eq!(status, 200, "{json}");
     assert_eq!(json["status"], "conflict", "{json}");
     assert_eq!(json["events"][0]["claim"], "conflict", "{json}");
@@ -278,6 +280,24 @@ async fn the_same_key_with_a_different_body_is_held_as_a_conflict_and_not_forwar
         .await;
     assert_eq!(handler.count_for(&key), 1, "the conflict was not forwarded");
     assert_eq!(handler.received_for(&key)[0].body, original);
+
+    // An operator releases it: redelivered, its own body goes out as a new event, under a
+    // key of its own that the application's guard has not seen.
+    let conflict_id = json["request_id"].as_str().expect("the conflict's id");
+    let (status, queued) = gw
+        .admin_post(&format!("/v1/requests/{conflict_id}/redeliver"))
+        .await;
+    assert_eq!(status, 202, "{queued}");
+    let released = format!("{key}:{conflict_id}");
+    gw.wait_for_delivery_state(&released, "delivered").await;
+    let got = handler.received_for(&released);
+    assert_eq!(got.len(), 1, "the released conflict arrived once");
+    assert_eq!(got[0].body, altered, "with the conflicting body");
+    assert_eq!(
+        handler.count_for(&key),
+        1,
+        "the original event was not sent again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -293,7 +293,9 @@ async function showDetail(id) {
   const redeliver = $("redeliver");
   redeliver.hidden = (detail.keys || []).length === 0;
   redeliver.dataset.armed = "";
-  redeliver.textContent = "Redeliver";
+  // A conflict goes out as a new event, under a key of its own: say so on the button.
+  redeliver.dataset.label = detail.verdict === "conflict" ? "Release as a new event" : "Redeliver";
+  redeliver.textContent = redeliver.dataset.label;
 }
 
 /** Redeliver asks twice: the first click arms it for five seconds. */
@@ -305,12 +307,12 @@ async function redeliver() {
     button.textContent = "Click again to redeliver to every destination";
     setTimeout(() => {
       button.dataset.armed = "";
-      button.textContent = "Redeliver";
+      button.textContent = button.dataset.label;
     }, 5000);
     return;
   }
   button.dataset.armed = "";
-  button.textContent = "Redeliver";
+  button.textContent = button.dataset.label;
   try {
     const res = await api(`/v1/requests/${id}/redeliver`, { method: "POST" });
     $("action-result").textContent = "queued " + (res.deliveries || []).join(", ");

@@ -493,6 +493,57 @@ pub async fn a_deliberate_redelivery_queues_anew_with_the_original_key<S: Store>
     );
 }
 
+/// A conflict — a different body under a known key — is redelivered as the new event an
+/// operator releases it as: its own body, under `{source}:{key}:{req_N}`, which the
+/// application's guard has not seen (the event's own key would be swallowed as done).
+pub async fn a_redelivered_conflict_goes_out_under_a_key_of_its_own<S: Store>(store: S) {
+    const OTHER: &[u8] = br#"{"id":"evt_1","type":"invoice.paid","amount":2}"#;
+    let first = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    for id in lease(&store, "worker-a", T0, 10).await.iter().map(|d| d.id) {
+        delivered(&store, id, at(1)).await;
+    }
+    let conflict = ingest_ok(&store, ingest(SOURCE, &["evt_1"], OTHER, at(2))).await;
+    assert_eq!(conflict.verdict(), hooklatch_core::store::Verdict::Conflict);
+    assert!(
+        new_deliveries(&conflict).is_empty(),
+        "a conflict queues nothing"
+    );
+    let dest = vec![DESTINATIONS[0].to_owned()];
+    let Redelivery::Queued(queued) = store
+        .redeliver(conflict.request_id, dest.clone(), at(3))
+        .await
+        .expect("redeliver")
+    else {
+        panic!("a conflict can be released");
+    };
+    assert_eq!(queued.len(), 1);
+    let leased = lease(&store, "worker-a", at(3), 10).await;
+    assert_eq!(ids(&leased), BTreeSet::from([queued[0]]));
+    assert_eq!(
+        leased[0].idempotency_key.as_str(),
+        format!(
+            "{}:{}",
+            idempotency_key(SOURCE, "evt_1"),
+            conflict.request_id
+        )
+    );
+    assert_eq!(&leased[0].body[..], OTHER, "the conflicting body goes out");
+    // The accepted request is redelivered under the event's own key, as before.
+    let Redelivery::Queued(again) = store
+        .redeliver(first.request_id, dest, at(4))
+        .await
+        .expect("redeliver")
+    else {
+        panic!("an accepted request can be redelivered");
+    };
+    let leased = lease(&store, "worker-a", at(4), 10).await;
+    assert_eq!(ids(&leased), BTreeSet::from([again[0]]));
+    assert_eq!(
+        leased[0].idempotency_key.as_str(),
+        idempotency_key(SOURCE, "evt_1")
+    );
+}
+
 /// Recording an attempt and leasing the next due delivery in one call: the attempt is
 /// recorded as `record_attempt` records it, the next due delivery (never the one just
 /// recorded while it waits for its retry) is leased to the same owner, and nothing is
