@@ -364,13 +364,14 @@ impl Forward {
                 req = req.header(header.name.as_str(), value);
             }
         }
+        // The error goes to the gateway's history: it names no URL (one may hold credentials).
         match req.send().await {
             Ok(res) => Ok(res.status().as_u16()),
             Err(err) if err.is_timeout() => Err(format!(
-                "{} did not answer within {} ms",
-                self.forward_to, delivery.timeout_ms
+                "the local URL did not answer within {} ms",
+                delivery.timeout_ms
             )),
-            Err(err) => Err(format!("{}: {}", self.forward_to, plain(&err))),
+            Err(err) => Err(format!("the local URL: {}", plain(&err))),
         }
     }
 }
@@ -394,6 +395,35 @@ mod tests {
             at("https://hooks.example.com/gw/", true),
             "https://hooks.example.com/gw/listen/laptop/results"
         );
+    }
+
+    #[tokio::test]
+    async fn a_local_failure_sent_to_the_gateway_names_no_url() {
+        // A port nothing listens on, behind a URL holding credentials.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let forward = Forward {
+            gateway: reqwest::Client::new(),
+            local: reqwest::Client::new(),
+            results: "http://127.0.0.1:9/listen/laptop/results".parse().unwrap(),
+            token: String::new(),
+            forward_to: format!("http://user:s3cr3t@127.0.0.1:{port}/hooks?token=t0k3n")
+                .parse()
+                .unwrap(),
+        };
+        let delivery = ListenDelivery {
+            delivery: 1,
+            attempt: 1,
+            timeout_ms: 5_000,
+            headers: Vec::new(),
+            body_base64: String::new(),
+        };
+        let err = forward.send(&delivery).await.unwrap_err();
+        assert!(err.starts_with("the local URL: "), "{err}");
+        for secret in ["s3cr3t", "t0k3n", "/hooks"] {
+            assert!(!err.contains(secret), "{err}");
+        }
     }
 
     #[test]
