@@ -149,7 +149,15 @@ async fn events_wait_uncounted_for_a_listener_then_arrive_once_byte_exact() {
     let app = Handler::start(Behaviour::AlwaysOk).await;
     let laptop = Handler::start(Behaviour::AlwaysOk).await;
     // One attempt allowed: a wait that counted as an attempt would dead-letter the event.
-    let gw = Gateway::start_with(&app, options(1)).await;
+    // Debug logs, to check below that neither the token nor the signing secret reaches them.
+    let gw = Gateway::start_with(
+        &app,
+        Options {
+            log_level: "debug",
+            ..options(1)
+        },
+    )
+    .await;
     let mut sent = Vec::new();
     for _ in 0..5 {
         sent.push(send(&gw, "evt_listen_wait").await);
@@ -228,6 +236,11 @@ async fn events_wait_uncounted_for_a_listener_then_arrive_once_byte_exact() {
         !printed.contains(LISTEN_TOKEN),
         "the token is never printed"
     );
+    let log = gw.log();
+    assert!(log.contains("listener connected"), "debug logs were kept");
+    for secret in [LISTEN_TOKEN, LAPTOP_SECRET] {
+        assert!(!log.contains(secret), "the gateway's log shows a secret");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
