@@ -459,6 +459,35 @@ async fn the_inspector_shows_history_as_text_and_retries_and_redelivers() {
         )
         .await;
     browser.screenshot("5-redelivered").await;
+    // Live: a request sent now appears on the list without a click.
+    browser
+        .goto(&format!("{}/ui/#/requests", gw.admin_url()))
+        .await;
+    browser
+        .until(
+            "the list",
+            "return document.querySelectorAll('#request-rows tr').length === 3",
+        )
+        .await;
+    let live_id = unique("evt_inspector_live");
+    let live_body = stripe_invoice_paid(&live_id, 100);
+    let (status, live) = gw
+        .post("stripe", &stripe_headers(&live_body), live_body)
+        .await;
+    assert_eq!(status, 200);
+    let live_request = live["request_id"]
+        .as_str()
+        .expect("a request id")
+        .to_owned();
+    browser
+        .until(
+            "the new request at the top, without a click",
+            &format!(
+                "const first = document.querySelector('#request-rows tr');
+                 return first && first.dataset.id === '{live_request}'"
+            ),
+        )
+        .await;
     let keys: Vec<_> = handler
         .received_for(&key)
         .iter()

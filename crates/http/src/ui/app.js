@@ -73,7 +73,10 @@ function showLogin(message) {
 // ---------------------------------------------------------------------------------------------
 // Requests
 
-const list = { cursor: null };
+const list = { cursor: null, appended: false, shown: "" };
+
+/** While "Live" is on and the first page is shown, the list is fetched again this often. */
+const LIVE_EVERY_MS = 2000;
 
 function filterQuery() {
   const params = new URLSearchParams({ limit: String(PAGE) });
@@ -91,7 +94,13 @@ async function loadRequests(append) {
   if (append && list.cursor) params.set("cursor", list.cursor);
   const page = await api("/v1/requests?" + params);
   const rows = $("request-rows");
+  // The same first page as shown (a live refresh with nothing new): the rows stay as they
+  // are, so nothing under the pointer moves.
+  const shown = params.toString() + " " + page.items.map((r) => r.id + r.verdict).join(",");
+  if (!append && shown === list.shown && rows.children.length > 0) return;
+  list.shown = append ? "" : shown;
   if (!append) rows.replaceChildren();
+  list.appended = append;
   for (const r of page.items) {
     const tr = el(
       "tr",
@@ -397,6 +406,15 @@ function start() {
     renderBody();
   });
   window.addEventListener("hashchange", route);
+  // Live: new requests appear at the top of the first page without a click.
+  setInterval(() => {
+    const onList = !$("requests").hidden && !list.appended;
+    if (onList && $("live").checked && sessionStorage.getItem(TOKEN_KEY)) {
+      loadRequests(false).catch((err) => {
+        if (!(err instanceof Unauthorized)) showError(err.message);
+      });
+    }
+  }, LIVE_EVERY_MS);
   route();
 }
 
