@@ -250,6 +250,22 @@ struct SendArgs {
 
 #[derive(Debug, Subcommand)]
 enum EventsCommand {
+    /// List the gateway's history, newest first: each request's id, arrival, source, verdict
+    /// (with the refusal's code), answer, event keys and size.
+    #[command(after_help = "\
+Examples:
+  # The last 20 requests on the local gateway (admin address and token from the config):
+  hooklatch events list --config hooklatch.toml
+
+  # Conflicts of the last day, as JSON lines for scripts:
+  hooklatch events list --verdict conflict --since 24h --json --config hooklatch.toml
+
+  # Everything the gateway kept about one event key:
+  hooklatch events list --key evt_1QXk2LkdIwHu7ix --config hooklatch.toml
+
+Then `hooklatch events export req_N` for a request's headers and body, or the web inspector at
+the admin address.")]
+    List(ListArgs),
     /// Write captured requests (byte-exact body, headers, metadata; never a secret) to a
     /// JSON file that `replay` and `check` read.
     #[command(after_help = "\
@@ -295,7 +311,9 @@ Examples:
   hooklatch events redeliver req_42 --destination app --admin http://10.0.0.5:8081 --token \"$TOKEN\"
 
 Every call queues anew (nothing is swallowed as a duplicate); the handler sees the same
-Idempotency-Key as the first delivery, so a guarded handler changes nothing.")]
+Idempotency-Key as the first delivery, so a guarded handler changes nothing. A conflict (the
+same event id with a different body, never processed) is released this way as a new event,
+under its own key: {source}:{key}:req_N.")]
     Redeliver {
         /// The request (req_N), as listed by the admin API.
         #[arg(value_name = "REQUEST")]
@@ -488,6 +506,30 @@ struct CheckArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct ListArgs {
+    /// Only this source.
+    #[arg(long)]
+    source: Option<String>,
+    /// Only this verdict: accepted, duplicate, conflict, rejected, handshake, imported.
+    #[arg(long)]
+    verdict: Option<String>,
+    /// Only requests carrying this event key.
+    #[arg(long)]
+    key: Option<String>,
+    /// Only requests received within this long (24h, 7d).
+    #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
+    since: Option<Duration>,
+    /// At most this many, newest first.
+    #[arg(long, default_value_t = 20)]
+    limit: usize,
+    /// One JSON object per line, as the admin API gives them.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    admin: AdminArgs,
+}
+
+#[derive(Debug, clap::Args)]
 struct ExportArgs {
     /// Requests (req_N) or deliveries (dlv_N: their request) to export; without any, the
     /// history matching the filters.
@@ -643,6 +685,9 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             command: EventsCommand::Export(args),
         } => export(args, &env).map(|()| Outcome::Passed),
         Command::Events {
+            command: EventsCommand::List(args),
+        } => list_events(args, &env).map(|()| Outcome::Passed),
+        Command::Events {
             command:
                 EventsCommand::Redeliver {
                     request,
@@ -730,6 +775,55 @@ async fn cancel_on_signal(cancel: CancellationToken) {
         let _ = tokio::signal::ctrl_c().await;
     }
     cancel.cancel();
+}
+
+fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+    use std::io::Write;
+    let settings = load_config(&args.admin, env)?;
+    let client = admin_client(&args.admin, settings.as_ref());
+    let filter = HistoryFilter {
+        source: args.source,
+        verdict: args.verdict,
+        key: args.key,
+        since: args.since.map(|ago| Timestamp::now().minus(ago)),
+        until: None,
+        limit: args.limit,
+    };
+    let items = client_runtime()?.block_on(client.summaries(&filter))?;
+    let mut out = std::io::stdout().lock();
+    for item in &items {
+        let line = if args.json {
+            item.to_string()
+        } else {
+            let text = |name: &str| item[name].as_str().unwrap_or("-").to_owned();
+            let verdict = match item["reason"].as_str() {
+                Some(reason) => format!("{} ({reason})", text("verdict")),
+                None => text("verdict"),
+            };
+            let keys: Vec<&str> = item["keys"]
+                .as_array()
+                .map(|keys| keys.iter().filter_map(serde_json::Value::as_str).collect())
+                .unwrap_or_default();
+            format!(
+                "{:<10} {}  {:<12} {:<30} {:>3}  {:>7} B  {}",
+                text("id"),
+                text("received_at"),
+                text("source"),
+                verdict,
+                item["status"],
+                item["body_len"],
+                keys.join(" ")
+            )
+        };
+        // A closed stdout (`| head`) ends the listing quietly.
+        if writeln!(out, "{line}").is_err() {
+            return Ok(());
+        }
+    }
+    if !args.json {
+        eprintln!("{} request(s)", items.len());
+    }
+    Ok(())
 }
 
 fn listen(args: ListenArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {

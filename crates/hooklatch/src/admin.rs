@@ -139,6 +139,17 @@ impl AdminClient {
 
     /// Request ids matching `filter`, newest first, following `next_cursor` up to its limit.
     pub async fn list(&self, filter: &HistoryFilter) -> Result<Vec<RequestId>, AdminError> {
+        Ok(self
+            .summaries(filter)
+            .await?
+            .iter()
+            .filter_map(|item| item["id"].as_str().and_then(RequestId::parse))
+            .collect())
+    }
+
+    /// The history lines matching `filter` (`GET /v1/requests` items: id, received_at, source,
+    /// verdict, reason, status, keys, body_len), newest first, up to its limit.
+    pub async fn summaries(&self, filter: &HistoryFilter) -> Result<Vec<Value>, AdminError> {
         let mut res = Vec::new();
         let mut cursor: Option<String> = None;
         while res.len() < filter.limit {
@@ -163,11 +174,7 @@ impl AdminClient {
                 .await?
                 .unwrap_or(Value::Null);
             let items = page["items"].as_array().cloned().unwrap_or_default();
-            res.extend(
-                items
-                    .iter()
-                    .filter_map(|item| item["id"].as_str().and_then(RequestId::parse)),
-            );
+            res.extend(items.iter().cloned());
             match page["next_cursor"].as_str() {
                 Some(next) if !items.is_empty() => cursor = Some(next.to_owned()),
                 _ => break,

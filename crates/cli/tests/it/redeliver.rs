@@ -100,6 +100,23 @@ async fn redelivering_twice_makes_two_recorded_deliveries_with_the_original_key(
     assert_eq!(status, 404);
 }
 
+/// Runs `hooklatch ARGS --admin ADMIN` with the admin token; its standard output, once it
+/// succeeded.
+fn hooklatch(args: &[&str], admin: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(args)
+        .args(["--admin", admin])
+        .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("running hooklatch");
+    assert!(
+        out.status.success(),
+        "hooklatch {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Export from one gateway → import into another → redeliver there: the second gateway's
 /// handler gets the identical bytes with the original `Idempotency-Key`, and the import itself
 /// claims nothing (the same event arriving for real is still new there).
@@ -121,20 +138,6 @@ async fn an_exported_capture_imported_elsewhere_redelivers_byte_exact() {
 
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("captures.json");
-    let hooklatch = |args: &[&str], admin: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
-            .args(args)
-            .args(["--admin", admin])
-            .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
-            .output()
-            .expect("running hooklatch");
-        assert!(
-            out.status.success(),
-            "hooklatch {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
     let file_arg = file.to_str().expect("utf-8 path");
     hooklatch(
         &["events", "export", &request, "--out", file_arg],
@@ -175,4 +178,53 @@ async fn an_exported_capture_imported_elsewhere_redelivers_byte_exact() {
         .post("stripe", &stripe_headers(&body), body.clone())
         .await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("accepted")));
+}
+
+/// `hooklatch events list`: the history newest first, one line per request with its verdict
+/// and the refusal's code, filtered as the admin API filters, and as JSON lines for scripts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_list_shows_the_history_with_verdicts_and_filters() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start(&handler).await;
+    let id = unique("evt_list");
+    let body = stripe_invoice_paid(&id, 5000);
+    for _ in 0..2 {
+        let (status, _) = gateway
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        assert_eq!(status, 200);
+    }
+    let forged = vec![("stripe-signature".to_owned(), "t=1,v1=00".to_owned())];
+    let (status, _) = gateway.post("stripe", &forged, body.clone()).await;
+    assert!(status >= 400);
+
+    let list = |args: &[&str]| {
+        let args: Vec<&str> = ["events", "list"].iter().chain(args).copied().collect();
+        hooklatch(&args, &gateway.admin_url())
+    };
+    let all = list(&[]);
+    let lines: Vec<&str> = all.lines().collect();
+    assert_eq!(lines.len(), 3, "{all}");
+    assert!(
+        lines[0].contains("rejected (invalid_signature)"),
+        "newest first: {all}"
+    );
+    assert!(
+        lines[1].contains("duplicate") && lines[1].contains(&id),
+        "{all}"
+    );
+    assert!(
+        lines[2].contains("accepted") && lines[2].contains(&id),
+        "{all}"
+    );
+
+    let json = list(&["--verdict", "duplicate", "--json"]);
+    let items: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(items.len(), 1, "{json}");
+    assert_eq!(items[0]["verdict"], "duplicate");
+    assert_eq!(items[0]["keys"][0], id.as_str());
+    assert_eq!(list(&["--key", &id, "--limit", "1"]).lines().count(), 1);
 }

@@ -46,7 +46,7 @@ pub(crate) async fn list(
         .map(|v| {
             Verdict::parse(v).ok_or_else(|| {
                 ApiError::bad_parameter(
-                    "verdict must be one of accepted, duplicate, conflict, rejected",
+                    "verdict must be one of accepted, duplicate, conflict, rejected, handshake, imported",
                 )
             })
         })
