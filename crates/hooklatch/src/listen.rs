@@ -209,6 +209,8 @@ struct Listener {
 
 struct Waiting {
     listener: u64,
+    /// The destination the delivery went to: only its token may answer.
+    destination: String,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -302,6 +304,7 @@ impl ListenHub {
                 delivery.id,
                 Waiting {
                     listener: id,
+                    destination: dest.name.clone(),
                     answer,
                 },
             );
@@ -317,7 +320,7 @@ impl ListenHub {
         match tokio::time::timeout(limit, heard).await {
             Ok(Ok(Answer::Result(result))) => match (result.status, result.error) {
                 (Some(status), _) => Forwarded::Answered(status),
-                (None, Some(error)) => Forwarded::Failed(format!("listener: {error}")),
+                (None, Some(error)) => Forwarded::Failed(format!("listener: {}", bounded(&error))),
                 (None, None) => Forwarded::Failed("listener: no status and no error".to_owned()),
             },
             Ok(Ok(Answer::Disconnected)) | Ok(Err(_)) => {
@@ -369,8 +372,22 @@ impl ListenHub {
 
     /// Hands a listener's answer to the attempt waiting for it; false if none waits (it timed
     /// out, or the delivery is unknown).
-    fn answer(&self, result: ListenResult) -> bool {
-        let waiting = self.state().waiting.remove(&DeliveryId(result.delivery));
+    ///
+    /// Only an attempt of `destination` is answered: a listener's token speaks for its own
+    /// destination's deliveries, never for another's.
+    fn answer(&self, destination: &str, result: ListenResult) -> bool {
+        let waiting = {
+            let mut state = self.state();
+            let id = DeliveryId(result.delivery);
+            if state
+                .waiting
+                .get(&id)
+                .is_none_or(|w| w.destination != destination)
+            {
+                return false;
+            }
+            state.waiting.remove(&id)
+        };
         match waiting {
             Some(waiting) => waiting.answer.send(Answer::Result(result)).is_ok(),
             None => false,
@@ -400,6 +417,23 @@ impl ListenHub {
             )),
         }
     }
+}
+
+/// The longest error text a listener's answer puts in the attempt's history.
+const ERROR_CHARS: usize = 300;
+
+/// A listener's error text as history keeps it: at most [`ERROR_CHARS`] characters, control
+/// characters replaced (the text comes from outside the gateway).
+fn bounded(error: &str) -> String {
+    let mut text: String = error
+        .chars()
+        .take(ERROR_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if error.chars().nth(ERROR_CHARS).is_some() {
+        text.push('…');
+    }
+    text
 }
 
 /// Removes an attempt's waiting entry when the attempt ends, however it ends.
@@ -572,7 +606,7 @@ async fn results(
         }
     };
     let delivery = result.delivery;
-    if hub.answer(result) {
+    if hub.answer(&destination, result) {
         StatusCode::NO_CONTENT.into_response()
     } else {
         refused(
@@ -603,10 +637,27 @@ mod tests {
         assert_eq!(text.bytes(), Some(b"plain".to_vec()));
     }
 
+    /// A delivery of `stripe:evt_1` to `laptop`, received at `received`.
+    fn leased(id: i64, received: Timestamp) -> LeasedDelivery {
+        LeasedDelivery {
+            id: DeliveryId(id),
+            request_id: hooklatch_core::RequestId(1),
+            source: "stripe".to_owned(),
+            event_key: "evt_1".to_owned(),
+            event_type: None,
+            destination: "laptop".to_owned(),
+            idempotency_key: hooklatch_core::IdempotencyKey::from_stored("stripe:evt_1".to_owned()),
+            attempts: 0,
+            round_started_at: received,
+            method: "POST".to_owned(),
+            path: "/in/stripe".to_owned(),
+            headers: Vec::new(),
+            body: Bytes::from_static(b"{}"),
+        }
+    }
+
     #[test]
     fn a_delivery_with_no_listener_waits_by_its_age_on_a_shared_store() {
-        use hooklatch_core::store::LeasedDelivery;
-        use hooklatch_core::{IdempotencyKey, RequestId};
         let hub = |shared| {
             ListenHub::new(
                 Arc::new(hooklatch_testkit::MemoryStore::default()),
@@ -617,21 +668,7 @@ mod tests {
             )
         };
         let received = Timestamp::from_secs(1_000_000);
-        let delivery = LeasedDelivery {
-            id: DeliveryId(1),
-            request_id: RequestId(1),
-            source: "stripe".to_owned(),
-            event_key: "evt_1".to_owned(),
-            event_type: None,
-            destination: "laptop".to_owned(),
-            idempotency_key: IdempotencyKey::from_stored("stripe:evt_1".to_owned()),
-            attempts: 0,
-            round_started_at: received,
-            method: "POST".to_owned(),
-            path: "/in/stripe".to_owned(),
-            headers: Vec::new(),
-            body: Bytes::new(),
-        };
+        let delivery = leased(7, received);
         let wait = |hub: &ListenHub, age_s: u64| {
             let now = received.plus(Duration::from_secs(age_s));
             hub.wait_until(&delivery, now).since(now)
@@ -643,6 +680,66 @@ mod tests {
         let alone = hub(false);
         assert_eq!(wait(&alone, 0), AWAY_RECHECK);
         assert_eq!(wait(&alone, 3_600), AWAY_RECHECK);
+    }
+
+    #[test]
+    fn a_listeners_error_is_kept_short_and_printable() {
+        assert_eq!(bounded("connection refused"), "connection refused");
+        assert_eq!(bounded("a\nb\u{0}c"), "a b c");
+        let long = "x".repeat(10_000);
+        let kept = bounded(&long);
+        assert_eq!(kept.chars().count(), ERROR_CHARS + 1);
+        assert!(kept.ends_with('…'));
+    }
+
+    /// A listener's token answers only its own destination's deliveries.
+    #[tokio::test]
+    async fn an_answer_for_another_destinations_delivery_is_refused() {
+        use hooklatch_core::RetryPolicy;
+        let destination = |name: &str| Destination {
+            name: name.to_owned(),
+            kind: DestinationKind::Listen {
+                token: Secret::from_text("listen-token-0123456789"),
+                secret: None,
+            },
+            timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+        };
+        let (laptop, other) = (destination("laptop"), destination("other"));
+        let hub = Arc::new(ListenHub::new(
+            Arc::new(hooklatch_testkit::MemoryStore::default()),
+            Arc::new(Notify::new()),
+            &[laptop.clone(), other],
+            CancellationToken::new(),
+            false,
+        ));
+        let (frames, mut incoming) = mpsc::unbounded_channel();
+        hub.register("laptop", frames);
+        let delivery = leased(7, Timestamp::from_secs(1));
+        let attempt = {
+            let hub = hub.clone();
+            tokio::spawn(async move {
+                hub.forward(&laptop, None, &delivery, 1, Timestamp::from_secs(2))
+                    .await
+            })
+        };
+        // The frame reached the listener: the attempt waits for its answer.
+        assert!(matches!(incoming.recv().await, Some(Frame::Delivery(_))));
+        let ok = ListenResult {
+            delivery: 7,
+            status: Some(200),
+            error: None,
+        };
+        assert!(
+            !hub.answer("other", ok.clone()),
+            "another destination's token"
+        );
+        assert!(
+            hub.answer("laptop", ok.clone()),
+            "its own destination's token"
+        );
+        assert!(matches!(attempt.await.unwrap(), Forwarded::Answered(200)));
+        assert!(!hub.answer("laptop", ok), "answered once");
     }
 
     #[test]
