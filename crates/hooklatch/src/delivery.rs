@@ -595,7 +595,7 @@ impl Worker {
 }
 
 /// A reqwest error as a short message without the URL (which may carry credentials).
-fn describe(err: &reqwest::Error, timeout: Duration) -> String {
+pub(crate) fn describe(err: &reqwest::Error, timeout: Duration) -> String {
     if err.is_timeout() {
         return format!("timed out after {}ms", timeout.as_millis());
     }

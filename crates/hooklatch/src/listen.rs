@@ -263,11 +263,6 @@ impl ListenHub {
         now.plus(wait)
     }
 
-    /// Whether a listener is connected for `destination`.
-    pub fn connected(&self, destination: &str) -> bool {
-        self.state().listeners.contains_key(destination)
-    }
-
     /// One attempt of `delivery` to the listener of `dest`.
     pub(crate) async fn forward(
         &self,

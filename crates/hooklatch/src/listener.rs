@@ -16,6 +16,7 @@ use hooklatch_core::Secret;
 use reqwest::{StatusCode, Url};
 use tokio_util::sync::CancellationToken;
 
+use crate::delivery::describe;
 use crate::listen::{Frame, ListenDelivery, ListenResult, PING_EVERY};
 
 /// What `hooklatch listen` needs.
@@ -103,6 +104,9 @@ impl std::fmt::Display for ListenEvent {
 
 /// How long a stream may stay silent before it counts as dropped.
 const SILENCE: Duration = Duration::from_secs(PING_EVERY.as_secs() * 3);
+
+/// How long a request to the gateway may take (an answer; the stream has its own limit).
+const GATEWAY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest wait between two connection tries.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -210,7 +214,15 @@ async fn listen_once(
     let dropped = |reason: String, connected| Ended::Dropped { reason, connected };
     let mut res = match gateway.get(url.clone()).bearer_auth(token).send().await {
         Ok(res) => res,
-        Err(err) => return dropped(format!("cannot reach the gateway: {}", plain(&err)), false),
+        Err(err) => {
+            return dropped(
+                format!(
+                    "cannot reach the gateway: {}",
+                    describe(&err, GATEWAY_TIMEOUT)
+                ),
+                false,
+            )
+        }
     };
     match res.status() {
         StatusCode::OK => {}
@@ -236,7 +248,12 @@ async fn listen_once(
                     connected,
                 )
             }
-            Ok(Err(err)) => return dropped(format!("connection lost: {}", plain(&err)), connected),
+            Ok(Err(err)) => {
+                return dropped(
+                    format!("connection lost: {}", describe(&err, GATEWAY_TIMEOUT)),
+                    connected,
+                )
+            }
             Ok(Ok(None)) => return dropped("the gateway closed the stream".to_owned(), connected),
             Ok(Ok(Some(chunk))) => chunk,
         };
@@ -265,20 +282,6 @@ async fn listen_once(
             }
         }
     }
-}
-
-/// An error's message without the URL reqwest prefixes it with.
-fn plain(err: &reqwest::Error) -> String {
-    let mut message = err.to_string();
-    if let Some(url) = err.url() {
-        message = message.replace(&format!(" for url ({url})"), "");
-    }
-    let mut source = std::error::Error::source(err);
-    while let Some(inner) = source {
-        message = format!("{message}: {inner}");
-        source = inner.source();
-    }
-    message
 }
 
 /// What sending one delivery on needs.
@@ -330,7 +333,7 @@ impl Forward {
                 .gateway
                 .post(self.results.clone())
                 .bearer_auth(&self.token)
-                .timeout(Duration::from_secs(10))
+                .timeout(GATEWAY_TIMEOUT)
                 .json(&result)
                 .send()
                 .await;
@@ -340,7 +343,7 @@ impl Forward {
                     last = format!("the gateway answered {}", res.status());
                     break;
                 }
-                Err(err) => last = plain(&err),
+                Err(err) => last = describe(&err, GATEWAY_TIMEOUT),
             }
         }
         report(ListenEvent::AnswerLost {
@@ -371,7 +374,10 @@ impl Forward {
                 "the local URL did not answer within {} ms",
                 delivery.timeout_ms
             )),
-            Err(err) => Err(format!("the local URL: {}", plain(&err))),
+            Err(err) => Err(format!(
+                "the local URL: {}",
+                describe(&err, Duration::from_millis(delivery.timeout_ms))
+            )),
         }
     }
 }

@@ -51,6 +51,20 @@ async fn one_patient_writer(db: &TestDb) -> PostgresStore {
     db.store_with(opts).await
 }
 
+/// A fresh database and a [`one_patient_writer`] store on it holding `n` events
+/// (`{prefix}{i}`), each queued for delivery.
+async fn patient_writer_with_events(base: &str, prefix: &str, n: usize) -> (TestDb, PostgresStore) {
+    let db = TestDb::create(base).await;
+    let store = one_patient_writer(&db).await;
+    for i in 0..n {
+        store
+            .ingest(ingest(SOURCE, &[&format!("{prefix}{i}")], BODY, at(1)))
+            .await
+            .expect("ingest");
+    }
+    (db, store)
+}
+
 /// The one writer of a [`one_patient_writer`] store, waiting on another session's uncommitted
 /// claim: the jobs sent meanwhile queue up for its next batch.
 struct HeldWriter {
@@ -877,14 +891,7 @@ async fn attempts_in_one_batched_statement_each_record_and_lease_a_row_of_their_
     let Some(base) = support::base_url("the batched-attempt test") else {
         return;
     };
-    let db = TestDb::create(&base).await;
-    let store = one_patient_writer(&db).await;
-    for i in 0..8 {
-        store
-            .ingest(ingest(SOURCE, &[&format!("evt_d{i}")], BODY, at(1)))
-            .await
-            .expect("ingest");
-    }
+    let (db, store) = patient_writer_with_events(&base, "evt_d", 8).await;
     let lease = Duration::from_secs(60);
     let mut first = Vec::new();
     for w in 0..4 {
@@ -951,14 +958,7 @@ async fn waits_in_a_batch_of_attempts_count_nothing_and_lease_other_rows() {
     let Some(base) = support::base_url("the batched-wait test") else {
         return;
     };
-    let db = TestDb::create(&base).await;
-    let store = one_patient_writer(&db).await;
-    for i in 0..12 {
-        store
-            .ingest(ingest(SOURCE, &[&format!("evt_w{i}")], BODY, at(1)))
-            .await
-            .expect("ingest");
-    }
+    let (db, store) = patient_writer_with_events(&base, "evt_w", 12).await;
     let lease = Duration::from_secs(60);
     let mut touched = BTreeSet::new();
     // Phase 0: distinct deliveries, one statement. Phase 1: a stale owner's wait on a row of
