@@ -173,6 +173,12 @@ original, half after it was answered. Exit status: 0 when every request was answ
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// See and change which destinations are disabled: a destination that answers 410 Gone is
+    /// disabled, and its deliveries wait, uncounted, until it is enabled.
+    Destinations {
+        #[command(subcommand)]
+        command: DestinationsCommand,
+    },
     /// Create or upgrade the store's tables, then exit (serve does it too, at start).
     #[command(after_help = "\
 Examples:
@@ -361,6 +367,50 @@ Examples:
         /// With --all: only this destination.
         #[arg(long, requires = "all")]
         destination: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DestinationsCommand {
+    /// List the configured destinations: kind, enabled or disabled (since when, and why).
+    #[command(after_help = "\
+Examples:
+  hooklatch destinations list --config hooklatch.toml
+  hooklatch destinations list --json")]
+    List {
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Hold a destination's deliveries: they stay queued, uncounted, until it is enabled (for
+    /// a maintenance window, or an endpoint being moved).
+    #[command(after_help = "\
+Examples:
+  hooklatch destinations disable app --reason \"moving to the new cluster\" --config hooklatch.toml")]
+    Disable {
+        /// The destination's name.
+        name: String,
+        /// Why, shown by `destinations list` (at most 200 characters).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Enable a disabled destination: every delivery it held is due at once, with the same
+    /// Idempotency-Key as before.
+    #[command(after_help = "\
+Examples:
+  # The endpoint answered 410 Gone and has been fixed:
+  hooklatch destinations enable app --config hooklatch.toml
+
+Exit status: 0 when enabled, 1 when it was not disabled, 2 when the gateway could not be asked.")]
+    Enable {
+        /// The destination's name.
+        name: String,
         #[command(flatten)]
         admin: AdminArgs,
     },
@@ -696,6 +746,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 },
         } => redeliver(&request, destination.as_deref(), &admin, &env),
         Command::Dlq { command } => dlq(command, &env),
+        Command::Destinations { command } => destinations(command, &env),
         Command::Events {
             command: EventsCommand::Import { file, admin },
         } => {
@@ -1384,6 +1435,75 @@ fn redeliver(
     let queued = client_runtime()?.block_on(admin.redeliver(id, destination))?;
     println!("{id}: redelivery queued as {}", queued.join(", "));
     Ok(Outcome::Passed)
+}
+
+fn destinations(
+    command: DestinationsCommand,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<Outcome> {
+    let runtime = client_runtime()?;
+    let state = |d: &serde_json::Value| {
+        if d["enabled"].as_bool().unwrap_or(true) {
+            "enabled".to_owned()
+        } else {
+            format!(
+                "disabled since {}: {}",
+                d["disabled_at"].as_str().unwrap_or("?"),
+                d["disabled_reason"].as_str().unwrap_or("")
+            )
+        }
+    };
+    match command {
+        DestinationsCommand::List { json, admin } => {
+            let settings = load_config(&admin, env)?;
+            let client = admin_client(&admin, settings.as_ref());
+            for item in runtime.block_on(client.destinations())? {
+                if json {
+                    println!("{item}");
+                } else {
+                    println!(
+                        "{:<20} {:<7} {}",
+                        item["name"].as_str().unwrap_or("?"),
+                        item["kind"].as_str().unwrap_or("?"),
+                        state(&item)
+                    );
+                }
+            }
+            Ok(Outcome::Passed)
+        }
+        DestinationsCommand::Disable {
+            name,
+            reason,
+            admin,
+        } => {
+            let settings = load_config(&admin, env)?;
+            let client = admin_client(&admin, settings.as_ref());
+            let item = runtime.block_on(client.disable_destination(&name, reason.as_deref()))?;
+            println!("{name}: {}", state(&item));
+            Ok(Outcome::Passed)
+        }
+        DestinationsCommand::Enable { name, admin } => {
+            let settings = load_config(&admin, env)?;
+            let client = admin_client(&admin, settings.as_ref());
+            match runtime.block_on(client.enable_destination(&name)) {
+                Ok(item) => {
+                    println!(
+                        "{name}: enabled; {} waiting deliver(ies) due now",
+                        item["woken"].as_u64().unwrap_or(0)
+                    );
+                    Ok(Outcome::Passed)
+                }
+                Err(hooklatch::admin::AdminError::Status {
+                    status: 409,
+                    message,
+                }) => {
+                    eprintln!("{name}: {message}");
+                    Ok(Outcome::Failed)
+                }
+                Err(err) => Err(err.into()),
+            }
+        }
+    }
 }
 
 fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {

@@ -574,6 +574,19 @@ pub struct OutboxCounts {
     pub dead: u64,
 }
 
+/// A destination whose deliveries are held: it answered `410 Gone` (the Standard Webhooks
+/// rule: the endpoint is gone, stop sending), or an operator disabled it. Its deliveries stay
+/// pending and are not attempted until it is enabled again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DisabledDestination {
+    /// The destination's name.
+    pub destination: String,
+    /// When it was disabled.
+    pub disabled_at: Timestamp,
+    /// Why (safe to show: a status, or the operator's words).
+    pub reason: String,
+}
+
 /// What a purge removed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Purged {
@@ -650,6 +663,24 @@ pub trait Store: Send + Sync + 'static {
     /// ([`AttemptNext::Wait`]) and what was waiting out a retry's backoff at once. Touches no
     /// attempt count. Returns how many rows it moved.
     async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError>;
+
+    /// Disables `destination` (see [`DisabledDestination`]): durable, for every instance on
+    /// the store. Returns `false`, changing nothing, when it is disabled already (the first
+    /// reason is kept). Moves no delivery: workers put a disabled destination's deliveries back
+    /// as they lease them ([`AttemptNext::Wait`]).
+    async fn disable_destination(&self, disabled: DisabledDestination) -> Result<bool, StoreError>;
+
+    /// Enables `destination` again and, in the same write, makes its waiting deliveries due at
+    /// `now` as [`Store::wake_destination`] does. Returns the rows woken, or `None`, changing
+    /// nothing, when it was not disabled.
+    async fn enable_destination(
+        &self,
+        destination: &str,
+        now: Timestamp,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// Every disabled destination, by name.
+    async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError>;
 
     /// The earliest time a pending, unleased delivery becomes due, if any.
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError>;

@@ -299,6 +299,44 @@ impl AdminClient {
         Ok(())
     }
 
+    /// Every configured destination, with whether it is disabled (`GET /v1/destinations`).
+    pub async fn destinations(&self) -> Result<Vec<Value>, AdminError> {
+        let answer = self
+            .get("/v1/destinations", &[])
+            .await?
+            .unwrap_or(Value::Null);
+        Ok(answer["items"].as_array().cloned().unwrap_or_default())
+    }
+
+    /// Disables a destination (its deliveries wait); answers the destination as it is now.
+    pub async fn disable_destination(
+        &self,
+        name: &str,
+        reason: Option<&str>,
+    ) -> Result<Value, AdminError> {
+        let body = reason.map(|r| serde_json::json!({ "reason": r }));
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/destinations/{}/disable", path_segment(name)),
+            &[],
+            body,
+        )
+        .await?
+        .ok_or_else(|| AdminError::NotFound(format!("destination {name:?}")))
+    }
+
+    /// Enables a disabled destination; answers it with `woken`, the deliveries made due.
+    pub async fn enable_destination(&self, name: &str) -> Result<Value, AdminError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/destinations/{}/enable", path_segment(name)),
+            &[],
+            None,
+        )
+        .await?
+        .ok_or_else(|| AdminError::NotFound(format!("destination {name:?}")))
+    }
+
     /// Deliveries in `state` (`pending`, `delivered`, `dead`), newest first, up to `limit`.
     pub async fn deliveries(
         &self,
@@ -331,6 +369,20 @@ impl AdminClient {
         }
         Ok(items)
     }
+}
+
+/// `name` as one URL path segment: unreserved characters as they are, every other byte
+/// percent-encoded.
+fn path_segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 impl AdminClient {

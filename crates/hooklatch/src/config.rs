@@ -147,6 +147,9 @@ pub struct Destination {
     pub timeout: Duration,
     /// Retries.
     pub retry: RetryPolicy,
+    /// An HTTP destination answering `410 Gone` is disabled (`disable_on_gone`, default on):
+    /// its deliveries wait, uncounted, until an operator enables it.
+    pub disable_on_gone: bool,
 }
 
 /// What a destination is: an HTTP endpoint (`url`), a RabbitMQ exchange (`amqp`), or a
@@ -173,6 +176,17 @@ pub enum DestinationKind {
         /// Signs deliveries (Standard Webhooks scheme) when set, as for HTTP.
         secret: Option<Secret>,
     },
+}
+
+impl DestinationKind {
+    /// The kind's stable name: `http`, `amqp` or `listen`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DestinationKind::Http { .. } => "http",
+            DestinationKind::Amqp(_) => "amqp",
+            DestinationKind::Listen { .. } => "listen",
+        }
+    }
 }
 
 /// A RabbitMQ destination's settings.
@@ -312,6 +326,7 @@ struct RawDestination {
     max_backoff: Option<Value>,
     jitter: Option<f64>,
     max_age: Option<Value>,
+    disable_on_gone: Option<bool>,
 }
 
 /// The keys only an `amqp` destination takes, and whether `rd` sets each.
@@ -700,11 +715,18 @@ fn resolve(
                 .unwrap_or(default_retry.jitter),
         };
         let kind = destination_kind(&key, rd, env, base_dir)?;
+        if rd.disable_on_gone.is_some() && !matches!(kind, DestinationKind::Http { .. }) {
+            return Err(err(
+                format!("{key}.disable_on_gone"),
+                "applies only to HTTP destinations (url)",
+            ));
+        }
         destinations.push(Destination {
             name: rd.name.clone(),
             kind,
             timeout: opt("timeout", &rd.timeout, default_timeout)?,
             retry,
+            disable_on_gone: rd.disable_on_gone.unwrap_or(true),
         });
     }
 
@@ -1544,6 +1566,11 @@ tolerance = "30s"
             &listen("allow = [\"127.0.0.1\"]"),
             &e,
             "destinations[0].allow: applies only to HTTP destinations",
+        );
+        check(
+            &listen("disable_on_gone = false"),
+            &e,
+            "destinations[0].disable_on_gone: applies only to HTTP destinations",
         );
         check(
             &listen("secret = \"whsec_!!\""),

@@ -221,6 +221,27 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         stop_serving.clone(),
         store_is_shared(&settings.store),
     ));
+    // Which destinations are held (a 410 from them, or an operator), as the store says at start.
+    let disabled = Arc::new(hooklatch_http::DisabledDestinations::default());
+    disabled
+        .reload(store.as_ref())
+        .await
+        .context("reading the disabled destinations")?;
+    for d in disabled.all() {
+        tracing::warn!(destination = %d.destination, reason = %d.reason,
+            since = %d.disabled_at.to_rfc3339(),
+            "destination is disabled: its deliveries wait until it is enabled \
+             (hooklatch destinations enable NAME)");
+    }
+    for d in &settings.destinations {
+        metrics::gauge!("hooklatch_destination_disabled", "destination" => d.name.clone()).set(
+            if disabled.is_disabled(&d.name) {
+                1.0
+            } else {
+                0.0
+            },
+        );
+    }
     let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
         store: store.clone(),
         sources: settings
@@ -247,6 +268,12 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             .iter()
             .map(|s| (s.name.to_string(), s.destinations.clone()))
             .collect(),
+        destination_kinds: settings
+            .destinations
+            .iter()
+            .map(|d| (d.name.clone(), d.kind.name()))
+            .collect(),
+        disabled: disabled.clone(),
         keys: keys.map(|k| k.store),
     }));
 
@@ -308,6 +335,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         enqueued: enqueued.clone(),
         handoff,
         listen,
+        disabled: disabled.clone(),
         retry_scheduled: Default::default(),
     };
 
@@ -329,6 +357,15 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         stop_serving.clone(),
         grace,
     ));
+    if store_is_shared(&settings.store) {
+        // Another instance may disable or enable a destination.
+        tasks.spawn(delivery::follow_disabled(
+            disabled.clone(),
+            store.clone(),
+            delivery::DISABLED_RELOAD,
+            stop_serving.clone(),
+        ));
+    }
     if settings.delivery.enabled {
         tasks.spawn(worker.run(stop_serving.clone(), grace));
     } else {

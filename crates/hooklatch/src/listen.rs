@@ -699,6 +699,7 @@ mod tests {
             },
             timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
+            disable_on_gone: true,
         };
         let (laptop, other) = (destination("laptop"), destination("other"));
         let hub = Arc::new(ListenHub::new(

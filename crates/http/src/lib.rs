@@ -13,6 +13,7 @@
 //! serves the probes and metrics.
 #![forbid(unsafe_code)]
 
+pub mod disabled;
 pub mod error;
 mod extract;
 pub mod handoff;
@@ -30,6 +31,7 @@ use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnRequest, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
+pub use disabled::DisabledDestinations;
 pub use error::ApiError;
 pub use handoff::Handoff;
 
@@ -103,6 +105,10 @@ pub struct AdminState {
     pub enqueued: Arc<Notify>,
     /// Each source's destinations, for redelivery.
     pub destinations: HashMap<String, Vec<String>>,
+    /// Every configured destination's name and kind (`http`, `amqp`, `listen`), in config order.
+    pub destination_kinds: Vec<(String, &'static str)>,
+    /// The disabled destinations, as this instance knows them.
+    pub disabled: Arc<DisabledDestinations>,
     /// The external key store, if any: `/readyz` checks it too.
     pub keys: Option<Arc<dyn KeyStore>>,
 }

@@ -41,9 +41,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery,
-    OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter,
-    RequestRecord, RequestSummary, StoreStats,
+    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Ingest, IngestOutcome,
+    LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail,
+    RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -380,6 +380,28 @@ impl Store for PostgresStore {
 
     async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError> {
         outbox::wake_destination(self.pool(), destination, now)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn disable_destination(&self, disabled: DisabledDestination) -> Result<bool, StoreError> {
+        outbox::disable_destination(self.pool(), &disabled)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn enable_destination(
+        &self,
+        destination: &str,
+        now: Timestamp,
+    ) -> Result<Option<u64>, StoreError> {
+        outbox::enable_destination(self.pool(), destination, now)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
+        outbox::disabled_destinations(self.pool())
             .await
             .map_err(map_err)
     }

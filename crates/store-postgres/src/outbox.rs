@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    redelivery_key, AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive,
-    Verdict,
+    redelivery_key, AttemptNext, AttemptResult, DeliveryState, DisabledDestination, LeasedDelivery,
+    Redelivery, Redrive, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, PgPool, Row};
@@ -436,6 +436,72 @@ pub(crate) async fn wake_destination(
     .fetch_one(pool)
     .await?;
     Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+}
+
+pub(crate) async fn disable_destination(
+    pool: &PgPool,
+    disabled: &DisabledDestination,
+) -> Result<bool, sqlx::Error> {
+    let added = sqlx::query(
+        "INSERT INTO disabled_destinations (destination, disabled_at, reason)
+         VALUES ($1, $2, $3) ON CONFLICT (destination) DO NOTHING",
+    )
+    .bind(&disabled.destination)
+    .bind(disabled.disabled_at.0)
+    .bind(&disabled.reason)
+    .execute(pool)
+    .await?;
+    Ok(added.rows_affected() > 0)
+}
+
+/// Enables a destination and wakes its waiting rows as [`wake_destination`] does, in one
+/// statement: every instance that reads the table after it sees both or neither.
+pub(crate) async fn enable_destination(
+    pool: &PgPool,
+    destination: &str,
+    now: Timestamp,
+) -> Result<Option<u64>, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "WITH enabled AS (
+            DELETE FROM disabled_destinations WHERE destination = $1 RETURNING 1),
+         woken AS (
+            UPDATE deliveries SET next_attempt_at = $2, updated_at = $2
+            WHERE EXISTS (SELECT 1 FROM enabled)
+              AND state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) > $2
+              AND destination = $1 AND next_attempt_at > $2
+              AND (lease_owner IS NULL OR lease_until <= $2)
+            RETURNING 1)
+         SELECT (SELECT count(*) FROM enabled), count(*),
+                CASE WHEN count(*) > 0 THEN pg_notify('{WORK_CHANNEL}', '')::text END
+         FROM woken"
+    ))
+    .bind(destination)
+    .bind(now.0)
+    .fetch_one(pool)
+    .await?;
+    if row.try_get::<i64, _>(0)? == 0 {
+        return Ok(None);
+    }
+    Ok(Some(u64::try_from(row.try_get::<i64, _>(1)?).unwrap_or(0)))
+}
+
+pub(crate) async fn disabled_destinations(
+    pool: &PgPool,
+) -> Result<Vec<DisabledDestination>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT destination, disabled_at, reason FROM disabled_destinations ORDER BY destination",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DisabledDestination {
+                destination: r.try_get(0)?,
+                disabled_at: Timestamp(r.try_get(1)?),
+                reason: r.try_get(2)?,
+            })
+        })
+        .collect()
 }
 
 pub(crate) async fn next_due(pool: &PgPool) -> Result<Option<Timestamp>, sqlx::Error> {

@@ -159,6 +159,14 @@ CREATE INDEX deliveries_dead ON deliveries (id) WHERE state = 'dead';
 DROP INDEX requests_verdict;
 CREATE INDEX requests_verdict ON requests (verdict, id) WHERE verdict <> 'accepted';
 "#,
+    // 6: destinations whose deliveries are held, by a `410 Gone` from them or an operator.
+    r#"
+CREATE TABLE disabled_destinations (
+    destination TEXT   PRIMARY KEY,
+    disabled_at BIGINT NOT NULL,
+    reason      TEXT   NOT NULL
+);
+"#,
 ];
 
 /// The schema version this build writes.

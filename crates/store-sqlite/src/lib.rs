@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, Ingest, IngestOutcome, LeasedDelivery,
-    OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter,
-    RequestRecord, RequestSummary, StoreStats,
+    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Ingest, IngestOutcome,
+    LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail,
+    RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use rusqlite::{Connection, OpenFlags};
@@ -383,6 +383,29 @@ impl Store for SqliteStore {
             outbox::wake_destination(tx, &destination, now)
         })
         .await
+    }
+
+    async fn disable_destination(&self, disabled: DisabledDestination) -> Result<bool, StoreError> {
+        self.write(Room::All, move |tx| {
+            outbox::disable_destination(tx, &disabled)
+        })
+        .await
+    }
+
+    async fn enable_destination(
+        &self,
+        destination: &str,
+        now: Timestamp,
+    ) -> Result<Option<u64>, StoreError> {
+        let destination = destination.to_owned();
+        self.write(Room::All, move |tx| {
+            outbox::enable_destination(tx, &destination, now)
+        })
+        .await
+    }
+
+    async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
+        self.read(outbox::disabled_destinations).await
     }
 
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    redelivery_key, AttemptNext, AttemptResult, DeliveryState, LeasedDelivery, Redelivery, Redrive,
-    Verdict,
+    redelivery_key, AttemptNext, AttemptResult, DeliveryState, DisabledDestination, LeasedDelivery,
+    Redelivery, Redrive, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -214,6 +214,57 @@ const WAKE_DESTINATION: &str = concat!(
     " > ?1 AND destination = ?2 AND next_attempt_at > ?1
           AND (lease_owner IS NULL OR lease_until <= ?1))"
 );
+
+/// Disables a destination; `false` when it was disabled already (its first reason is kept).
+pub(crate) fn disable_destination(
+    conn: &Connection,
+    disabled: &DisabledDestination,
+) -> rusqlite::Result<bool> {
+    let added = conn
+        .prepare_cached(
+            "INSERT INTO disabled_destinations (destination, disabled_at, reason)
+             VALUES (?1, ?2, ?3) ON CONFLICT (destination) DO NOTHING",
+        )?
+        .execute(params![
+            disabled.destination,
+            disabled.disabled_at.0,
+            disabled.reason
+        ])?;
+    Ok(added > 0)
+}
+
+/// Enables a destination and wakes its waiting rows ([`wake_destination`]); `None` when it was
+/// not disabled.
+pub(crate) fn enable_destination(
+    conn: &Connection,
+    destination: &str,
+    now: Timestamp,
+) -> rusqlite::Result<Option<u64>> {
+    let removed = conn
+        .prepare_cached("DELETE FROM disabled_destinations WHERE destination = ?1")?
+        .execute(params![destination])?;
+    if removed == 0 {
+        return Ok(None);
+    }
+    wake_destination(conn, destination, now).map(Some)
+}
+
+/// Every disabled destination, by name.
+pub(crate) fn disabled_destinations(
+    conn: &Connection,
+) -> rusqlite::Result<Vec<DisabledDestination>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT destination, disabled_at, reason FROM disabled_destinations ORDER BY destination",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok(DisabledDestination {
+            destination: r.get(0)?,
+            disabled_at: Timestamp(r.get(1)?),
+            reason: r.get(2)?,
+        })
+    })?;
+    rows.collect()
+}
 
 /// Gives back `owner`'s leases still running at `now` (a graceful shutdown). Like
 /// [`release_every_lease`], it reads only the rows ready after `now` in the ready index, never

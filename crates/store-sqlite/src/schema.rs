@@ -130,6 +130,14 @@ CREATE INDEX deliveries_dead ON deliveries (id) WHERE state = 'dead';
 DROP INDEX requests_verdict;
 CREATE INDEX requests_verdict ON requests (verdict, id) WHERE verdict <> 'accepted';
 "#,
+    // 6: destinations whose deliveries are held, by a `410 Gone` from them or an operator.
+    r#"
+CREATE TABLE disabled_destinations (
+    destination TEXT    PRIMARY KEY,
+    disabled_at INTEGER NOT NULL,
+    reason      TEXT    NOT NULL
+) WITHOUT ROWID;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use hooklatch_core::store::{
     redelivery_key, verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail,
-    DeliveryFilter, DeliveryState, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent,
-    Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord,
-    RequestSummary, StoreStats, Verdict,
+    DeliveryFilter, DeliveryState, DisabledDestination, Ingest, IngestOutcome, KeyDecision,
+    LeasedDelivery, NewEvent, Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter,
+    RequestRecord, RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -46,6 +46,8 @@ struct State {
     claims: HashMap<(String, String), StoredClaim>,
     /// By id, newest last.
     deliveries: BTreeMap<i64, StoredDelivery>,
+    /// By destination name.
+    disabled: BTreeMap<String, DisabledDestination>,
 }
 
 struct StoredRequest {
@@ -629,6 +631,33 @@ impl Store for MemoryStore {
 
     async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError> {
         Ok(self.state().wake_destination(destination, now))
+    }
+
+    async fn disable_destination(&self, disabled: DisabledDestination) -> Result<bool, StoreError> {
+        let mut state = self.state();
+        if state.disabled.contains_key(&disabled.destination) {
+            return Ok(false);
+        }
+        state
+            .disabled
+            .insert(disabled.destination.clone(), disabled);
+        Ok(true)
+    }
+
+    async fn enable_destination(
+        &self,
+        destination: &str,
+        now: Timestamp,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut state = self.state();
+        if state.disabled.remove(destination).is_none() {
+            return Ok(None);
+        }
+        Ok(Some(state.wake_destination(destination, now)))
+    }
+
+    async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
+        Ok(self.state().disabled.values().cloned().collect())
     }
 
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {

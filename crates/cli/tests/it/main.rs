@@ -18,6 +18,7 @@ mod api_fuzz;
 mod booking;
 mod crash;
 mod forgery;
+mod gone;
 mod hygiene;
 mod inspector;
 mod listen;

@@ -49,15 +49,7 @@ initial_backoff = "100ms"
         },
     )
     .await;
-    let event_id = unique("evt_outbound");
-    let body = stripe_invoice_paid(&event_id, 5000);
-    let (status, json) = gw.post("probe", &stripe_headers(&body), body).await;
-    assert_eq!(
-        (status, json["status"].as_str()),
-        (200, Some("accepted")),
-        "{json}"
-    );
-    let key = format!("probe:{event_id}");
+    let key = gw.send_stripe_event("probe", "evt_outbound").await;
 
     let dead = gw.wait_for_delivery_state(&key, "dead").await;
     assert_eq!(dead["destination"], "internal", "{dead}");

@@ -13,22 +13,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{
-    stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler, Options,
-};
-
-/// Sends a fresh Stripe event; returns its Idempotency-Key.
-async fn send_event(gw: &Gateway, prefix: &str) -> String {
-    let event_id = unique(prefix);
-    let body = stripe_invoice_paid(&event_id, 5000);
-    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
-    assert_eq!(
-        (status, json["status"].as_str()),
-        (200, Some("accepted")),
-        "{json}"
-    );
-    format!("stripe:{event_id}")
-}
+use crate::support::{stripe_headers, unique, Behaviour, Gateway, Handler, Options};
 
 /// The `status` of each attempt in a delivery's history, and their numbers.
 fn history(row: &Value) -> (Vec<Option<u64>>, Vec<u64>) {
@@ -46,7 +31,7 @@ fn history(row: &Value) -> (Vec<Option<u64>>, Vec<u64>) {
 async fn a_destination_failing_three_times_then_succeeding_gets_four_attempts_with_one_key() {
     let handler = Handler::start(Behaviour::FailFirst(3)).await;
     let gw = Gateway::start(&handler).await;
-    let key = send_event(&gw, "evt_flaky").await;
+    let key = gw.send_stripe_event("stripe", "evt_flaky").await;
 
     let row = gw.wait_for_delivery_state(&key, "delivered").await;
     let received = handler.received();
@@ -74,7 +59,7 @@ async fn a_destination_always_failing_is_dead_lettered_after_max_attempts_and_re
         ..Options::default()
     };
     let gw = Gateway::start_with(&handler, options).await;
-    let key = send_event(&gw, "evt_doomed").await;
+    let key = gw.send_stripe_event("stripe", "evt_doomed").await;
 
     let dead = gw.wait_for_delivery_state(&key, "dead").await;
     assert_eq!(handler.count_for(&key), 3, "exactly max_attempts attempts");
@@ -113,7 +98,7 @@ async fn retry_after_from_the_destination_is_a_floor_on_the_next_attempt() {
     let handler = Handler::start(Behaviour::TooManyRequestsOnce).await;
     // Without Retry-After the next attempt would come 100 ms later (no jitter).
     let gw = Gateway::start(&handler).await;
-    let key = send_event(&gw, "evt_throttled").await;
+    let key = gw.send_stripe_event("stripe", "evt_throttled").await;
 
     let row = gw.wait_for_delivery_state(&key, "delivered").await;
     let received = handler.received_for(&key);
@@ -135,7 +120,7 @@ async fn a_redirect_from_the_destination_is_a_failure_and_is_not_followed() {
         ..Options::default()
     };
     let gw = Gateway::start_with(&handler, options).await;
-    let key = send_event(&gw, "evt_redirected").await;
+    let key = gw.send_stripe_event("stripe", "evt_redirected").await;
 
     let dead = gw.wait_for_delivery_state(&key, "dead").await;
     assert_eq!(history(&dead).0, [Some(302), Some(302)]);

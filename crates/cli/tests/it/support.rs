@@ -208,6 +208,8 @@ pub enum Behaviour {
     AlwaysRedirect,
     /// 200 to everything, after this many milliseconds (deliveries stay in flight a while).
     SlowOk(u64),
+    /// 410 Gone to everything: the endpoint was removed.
+    Gone,
 }
 
 /// One request the handler received.
@@ -354,6 +356,7 @@ async fn record(
         Behaviour::FailFirst(n) if earlier < n => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
         Behaviour::FailFirst(_) => StatusCode::OK.into_response(),
         Behaviour::AlwaysFail => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Behaviour::Gone => StatusCode::GONE.into_response(),
         Behaviour::TooManyRequestsOnce if earlier == 0 => {
             (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")]).into_response()
         }
@@ -880,6 +883,32 @@ jitter = {jitter:?}
         req.send()
             .await
             .unwrap_or_else(|err| panic!("admin request {path} failed: {err}"))
+    }
+
+    /// The value of one `/metrics` sample, `name{labels}` as Prometheus prints it (0 when absent).
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self.metrics().await;
+        text.lines()
+            .find_map(|line| {
+                line.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+
+    /// Sends a fresh Stripe event to `source` (a Stripe source with the test secret) and
+    /// checks it is accepted; returns its Idempotency-Key.
+    pub async fn send_stripe_event(&self, source: &str, prefix: &str) -> String {
+        let event_id = unique(prefix);
+        let body = stripe_invoice_paid(&event_id, 5000);
+        let (status, json) = self.post(source, &stripe_headers(&body), body).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some("accepted")),
+            "{json}"
+        );
+        format!("{source}:{event_id}")
     }
 
     /// `GET /metrics` with the token, as text.

@@ -1,6 +1,7 @@
 //! Route handlers, one file per resource; the path follows the URL.
 
 pub(crate) mod deliveries;
+pub(crate) mod destinations;
 pub(crate) mod health;
 pub(crate) mod ingest;
 pub(crate) mod requests;
@@ -29,6 +30,12 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
         )
         .route("/v1/deliveries", get(deliveries::list))
         .route("/v1/deliveries/{id}/retry", post(deliveries::retry))
+        .route("/v1/destinations", get(destinations::list))
+        .route(
+            "/v1/destinations/{name}/disable",
+            post(destinations::disable),
+        )
+        .route("/v1/destinations/{name}/enable", post(destinations::enable))
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(health::metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));

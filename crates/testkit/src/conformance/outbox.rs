@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt, Wait};
 use hooklatch_core::store::{
-    DeliveryState, Header, IngestLease, LeasedDelivery, Redelivery, Redrive,
+    DeliveryState, DisabledDestination, Header, IngestLease, LeasedDelivery, Redelivery, Redrive,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, Timestamp};
 
@@ -955,4 +955,111 @@ pub async fn a_wait_leases_the_next_due_delivery_not_the_waited_one<S: Store>(st
     }
     assert!(lease(&store, "worker-b", at(3599), 10).await.is_empty());
     assert_eq!(ids(&lease(&store, "worker-b", at(3600), 10).await), all);
+}
+
+/// Disabling a destination is kept, once: a second disable changes nothing and keeps the first
+/// reason; it moves no delivery. Enabling it removes it from the list and, in the same write,
+/// makes its waiting rows due as a wake does (not another destination's); enabling what is not
+/// disabled changes nothing.
+pub async fn a_disabled_destination_is_kept_until_enabled_which_wakes_its_rows<S: Store>(store: S) {
+    let [app, audit] = DESTINATIONS;
+    assert_eq!(
+        store.disabled_destinations().await.expect("list"),
+        Vec::new()
+    );
+    let gone = DisabledDestination {
+        destination: app.to_owned(),
+        disabled_at: at(1),
+        reason: "HTTP 410 Gone".to_owned(),
+    };
+    assert!(store
+        .disable_destination(gone.clone())
+        .await
+        .expect("disable"));
+    assert!(
+        !store
+            .disable_destination(DisabledDestination {
+                destination: app.to_owned(),
+                disabled_at: at(2),
+                reason: "by an operator".to_owned(),
+            })
+            .await
+            .expect("disable again"),
+        "disabled already"
+    );
+    assert_eq!(
+        store.disabled_destinations().await.expect("list"),
+        vec![gone.clone()],
+        "the first reason and time are kept"
+    );
+
+    let e1 = one_event(&store, "evt_1", T0).await;
+    let e2 = one_event(&store, "evt_2", T0).await;
+    assert_eq!(
+        ids(&lease(&store, WORKER, at(3), 10).await),
+        BTreeSet::from([e1[0], e1[1], e2[0], e2[1]]),
+        "disabling moves no delivery: workers put them back"
+    );
+    record_as(&store, WORKER, e1[0], at(3), Wait(at(3600))).await;
+    record_as(&store, WORKER, e1[1], at(3), Wait(at(3600))).await;
+    delivered(&store, e2[1], at(3)).await;
+    // e2[0] stays leased by the worker until at(33).
+
+    assert_eq!(
+        store
+            .enable_destination(audit, at(10))
+            .await
+            .expect("enable"),
+        None,
+        "{audit} was not disabled"
+    );
+    assert_eq!(
+        delivery(&store, e1[1]).await.next_attempt_at,
+        Some(at(3600)),
+        "enabling what is not disabled wakes nothing"
+    );
+    assert_eq!(
+        store.enable_destination(app, at(10)).await.expect("enable"),
+        Some(1),
+        "{app}'s waiting row; not its leased one, not {audit}'s"
+    );
+    assert_eq!(
+        store.disabled_destinations().await.expect("list"),
+        Vec::new()
+    );
+    assert_eq!(
+        store.enable_destination(app, at(11)).await.expect("enable"),
+        None,
+        "enabled already"
+    );
+    let row = delivery(&store, e1[0]).await;
+    assert_eq!(
+        (row.next_attempt_at, row.attempts),
+        (Some(at(10)), 0),
+        "due at the enable, no attempt counted"
+    );
+    assert_eq!(
+        ids(&lease(&store, "worker-b", at(10), 10).await),
+        BTreeSet::from([e1[0]])
+    );
+
+    // Each destination is its own entry.
+    for name in [audit, app] {
+        assert!(store
+            .disable_destination(DisabledDestination {
+                destination: name.to_owned(),
+                disabled_at: at(20),
+                reason: "by an operator".to_owned(),
+            })
+            .await
+            .expect("disable"));
+    }
+    let names: Vec<String> = store
+        .disabled_destinations()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|d| d.destination)
+        .collect();
+    assert_eq!(names, vec![app.to_owned(), audit.to_owned()], "by name");
 }
