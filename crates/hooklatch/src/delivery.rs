@@ -143,8 +143,15 @@ pub(crate) async fn follow_disabled(
             _ = tokio::time::sleep(every) => {}
         }
         match disabled.reload(store.as_ref()).await {
-            Ok(enabled) => {
-                for name in enabled {
+            Ok(changed) => {
+                for d in changed.disabled {
+                    metrics::gauge!("hooklatch_destination_disabled",
+                        "destination" => d.destination.clone())
+                    .set(1.0);
+                    tracing::warn!(destination = %d.destination, reason = %d.reason,
+                        "destination disabled by another instance: its deliveries wait");
+                }
+                for name in changed.enabled {
                     metrics::gauge!("hooklatch_destination_disabled", "destination" => name.clone())
                         .set(0.0);
                     if let Err(err) = store.wake_destination(&name, Timestamp::now()).await {
@@ -366,8 +373,12 @@ impl Worker {
                     self.retry_scheduled.store(true, Ordering::Relaxed);
                 }
                 if let Some(name) = held.filter(|name| !self.disabled.is_disabled(name)) {
-                    if let Err(err) = self.store.wake_destination(&name, Timestamp::now()).await {
-                        tracing::warn!(%err, destination = %name, "could not wake an enabled destination");
+                    match self.store.wake_destination(&name, Timestamp::now()).await {
+                        Ok(0) => {}
+                        Ok(_) => self.enqueued.notify_one(),
+                        Err(err) => {
+                            tracing::warn!(%err, destination = %name, "could not wake an enabled destination")
+                        }
                     }
                 }
                 recorded
@@ -1009,6 +1020,47 @@ mod tests {
         })
         .await;
         assert_eq!(received.load(Ordering::SeqCst), 3, "nothing was sent twice");
+        cancel.cancel();
+        running.await.unwrap();
+    }
+
+    /// An enable that comes between a worker's "disabled: put it back" and the put-back's
+    /// commit finds the row leased and wakes nothing; the worker, looking again once its
+    /// put-back is committed, wakes it (`hooklatch_http::disabled`).
+    #[tokio::test]
+    async fn a_delivery_put_back_while_its_destination_is_enabled_is_woken_by_the_worker() {
+        let (url, received) = counting_sink().await;
+        let store = Arc::new(slow_commits(false, &["evt_1"]).await);
+        let worker = worker(store.clone(), &url, 1, Duration::from_secs(60));
+        let disabled = worker.disabled.clone();
+        let gone = DisabledDestination {
+            destination: "app".to_owned(),
+            disabled_at: Timestamp::now(),
+            reason: "HTTP 410 Gone from the destination".to_owned(),
+        };
+        assert!(disabled.disable(store.as_ref(), gone).await.unwrap());
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+        eventually("the put-back is being committed", || {
+            store.recording.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        assert_eq!(
+            received.load(Ordering::SeqCst),
+            0,
+            "nothing sent while disabled"
+        );
+        assert_eq!(
+            disabled
+                .enable(store.as_ref(), "app", Timestamp::now())
+                .await
+                .unwrap(),
+            Some(0),
+            "the row is still leased: the enable wakes nothing"
+        );
+        store.commits.add_permits(10);
+        eventually("the delivery goes out", || delivered(&store.inner) == 1).await;
+        assert_eq!(received.load(Ordering::SeqCst), 1);
         cancel.cancel();
         running.await.unwrap();
     }

@@ -15,6 +15,15 @@ use std::sync::RwLock;
 use hooklatch_core::store::DisabledDestination;
 use hooklatch_core::{Store, StoreError, Timestamp};
 
+/// What a [`DisabledDestinations::reload`] changed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Disabled before, enabled now.
+    pub enabled: Vec<String>,
+    /// Newly disabled.
+    pub disabled: Vec<DisabledDestination>,
+}
+
 /// This instance's copy of the disabled destinations.
 #[derive(Default)]
 pub struct DisabledDestinations {
@@ -56,9 +65,10 @@ impl DisabledDestinations {
             .collect()
     }
 
-    /// Replaces the copy with the store's list; returns the destinations it held that the
-    /// store no longer does (enabled by another instance), for the caller to wake.
-    pub async fn reload(&self, store: &dyn Store) -> Result<Vec<String>, StoreError> {
+    /// Replaces the copy with the store's list; returns what changed: the destinations the
+    /// store no longer has disabled (enabled by another instance, for the caller to wake), and
+    /// the ones it newly has.
+    pub async fn reload(&self, store: &dyn Store) -> Result<Reloaded, StoreError> {
         let fresh: BTreeMap<String, DisabledDestination> = store
             .disabled_destinations()
             .await?
@@ -71,8 +81,13 @@ impl DisabledDestinations {
             .filter(|name| !fresh.contains_key(*name))
             .cloned()
             .collect();
+        let disabled = fresh
+            .values()
+            .filter(|d| !map.contains_key(&d.destination))
+            .cloned()
+            .collect();
         *map = fresh;
-        Ok(enabled)
+        Ok(Reloaded { enabled, disabled })
     }
 
     /// Disables a destination here at once and in the store. Returns whether the store had it
@@ -162,14 +177,22 @@ mod tests {
         let there = DisabledDestinations::default();
         here.disable(&store, gone("app", 1)).await.unwrap();
         here.disable(&store, gone("audit", 1)).await.unwrap();
-        assert_eq!(there.reload(&store).await.unwrap(), Vec::<String>::new());
+        let loaded = there.reload(&store).await.unwrap();
+        assert_eq!(loaded.enabled, Vec::<String>::new());
+        assert_eq!(loaded.disabled, vec![gone("app", 1), gone("audit", 1)]);
         assert_eq!(there.all().len(), 2);
         assert_eq!(
             there.enable(&store, "app", Timestamp(5)).await.unwrap(),
             Some(0)
         );
         assert!(!there.is_disabled("app"));
-        assert_eq!(here.reload(&store).await.unwrap(), vec!["app".to_owned()]);
+        assert_eq!(
+            here.reload(&store).await.unwrap(),
+            Reloaded {
+                enabled: vec!["app".to_owned()],
+                disabled: Vec::new(),
+            }
+        );
         assert!(!here.is_disabled("app") && here.is_disabled("audit"));
         assert_eq!(
             here.enable(&store, "app", Timestamp(6)).await.unwrap(),

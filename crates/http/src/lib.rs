@@ -31,7 +31,7 @@ use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
 use tower_http::trace::{DefaultMakeSpan, DefaultOnRequest, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
-pub use disabled::DisabledDestinations;
+pub use disabled::{DisabledDestinations, Reloaded};
 pub use error::ApiError;
 pub use handoff::Handoff;
 

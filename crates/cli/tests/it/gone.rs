@@ -11,7 +11,7 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::support::{eventually, Behaviour, Gateway, Handler, ADMIN_TOKEN};
+use crate::support::{eventually, Behaviour, Gateway, Handler, Options, ADMIN_TOKEN};
 
 /// `hooklatch destinations ARGS…` against the gateway; its exit code, stdout and stderr.
 fn cli(gw: &Gateway, args: &[&str]) -> (i32, String, String) {
@@ -221,4 +221,92 @@ async fn an_operator_disables_and_enables_a_destination_and_mistakes_are_refused
     assert!(json["woken"].as_u64().is_some_and(|n| n <= 1), "{json}");
     gw.wait_for_delivery_state(&key, "delivered").await;
     assert_eq!(handler.count_for(&key), 1);
+}
+
+/// Two gateways on one PostgreSQL database, `a` delivering and `b` ingesting only: `a`
+/// disables the destination on its 410 and `b` learns it (within `DISABLED_RELOAD`); enabled
+/// through `b`, the deliveries `a` takes before it hears are put back, and woken again when it
+/// hears: every event arrives once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_an_enable_on_another_instance_wakes_what_this_one_held() {
+    let Some(db) =
+        crate::postgres::Database::create(&crate::support::unique("hooklatch_e2e")).await
+    else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::Gone).await;
+    let shared = Options {
+        store_url: Some(db.url()),
+        ..Options::default()
+    };
+    let a = Gateway::start_with(&handler, shared.clone()).await;
+    let b = Gateway::start_with(
+        &handler,
+        Options {
+            deliver: false,
+            ..shared
+        },
+    )
+    .await;
+
+    let first = b.send_stripe_event("stripe", "evt_gone_pg").await;
+    eventually("the destination disabled by its 410", async || {
+        app(&b).await["enabled"] == false
+    })
+    .await;
+    eventually("the other instance hears of it", async || {
+        b.metric(DISABLED).await == 1.0
+    })
+    .await;
+    let mut keys = vec![first];
+    for _ in 0..6 {
+        keys.push(b.send_stripe_event("stripe", "evt_held_pg").await);
+    }
+    eventually("the new deliveries and the retry held", async || {
+        a.metric(WAITS).await >= 7.0
+    })
+    .await;
+    assert_eq!(handler.total(), 1, "nothing sent after the 410");
+    for key in &keys[1..] {
+        assert_eq!(delivery(&a, key).await["attempts"], 0, "{key}");
+    }
+
+    // Enabled through the instance that does not deliver: the one that does takes the woken
+    // rows while it still believes the destination disabled, and puts them back.
+    handler.set_behaviour(Behaviour::AlwaysOk);
+    let held = a.metric(WAITS).await;
+    let (status, json) = b.admin_post("/v1/destinations/app/enable").await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["woken"], 7, "{json}");
+    crate::support::wait_until_within(
+        "every event delivered",
+        std::time::Duration::from_secs(60),
+        || {
+            keys.iter()
+                .all(|k| handler.count_for(k) > usize::from(k == &keys[0]))
+        },
+    )
+    .await;
+    for key in &keys {
+        let row = a.wait_for_delivery_state(key, "delivered").await;
+        let last = row["history"].as_array().and_then(|h| h.last()).cloned();
+        assert_eq!(
+            last.map(|a| a["status"].clone()),
+            Some(Value::from(200)),
+            "{row:#}"
+        );
+    }
+    assert_eq!(
+        handler.total(),
+        1 + keys.len(),
+        "each event delivered once after the enable"
+    );
+    let put_back = a.metric(WAITS).await - held;
+    println!("figure: {put_back} deliveries put back by the instance that had not heard yet");
+    eventually("the delivering instance knows it is enabled", async || {
+        a.metric(DISABLED).await == 0.0
+    })
+    .await;
+    drop((a, b));
+    db.drop_now().await;
 }
