@@ -330,6 +330,27 @@ under its own key: {source}:{key}:req_N.")]
         #[command(flatten)]
         admin: AdminArgs,
     },
+    /// Dismiss a conflict: record that its body will not be processed. The first decision
+    /// stands: a dismissed conflict is never released, a released one is not dismissed.
+    #[command(after_help = "\
+Examples:
+  # The conflicts waiting for a decision:
+  hooklatch events list --verdict conflict --config hooklatch.toml
+
+  hooklatch events dismiss req_57 --reason \"test-mode resend with a changed amount\" --config hooklatch.toml
+
+Exit status: 0 when dismissed, 1 when the request is not an undecided conflict, 2 when the
+gateway could not be asked.")]
+    Dismiss {
+        /// The conflict (req_N).
+        #[arg(value_name = "REQUEST")]
+        request: String,
+        /// Why, kept with the decision (at most 200 characters).
+        #[arg(long)]
+        reason: Option<String>,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -745,6 +766,14 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     admin,
                 },
         } => redeliver(&request, destination.as_deref(), &admin, &env),
+        Command::Events {
+            command:
+                EventsCommand::Dismiss {
+                    request,
+                    reason,
+                    admin,
+                },
+        } => dismiss(&request, reason.as_deref(), &admin, &env),
         Command::Dlq { command } => dlq(command, &env),
         Command::Destinations { command } => destinations(command, &env),
         Command::Events {
@@ -847,9 +876,10 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
             item.to_string()
         } else {
             let text = |name: &str| item[name].as_str().unwrap_or("-").to_owned();
-            let verdict = match item["reason"].as_str() {
-                Some(reason) => format!("{} ({reason})", text("verdict")),
-                None => text("verdict"),
+            let verdict = match (item["reason"].as_str(), item["decision"]["action"].as_str()) {
+                (Some(reason), _) => format!("{} ({reason})", text("verdict")),
+                (None, Some(action)) => format!("{} ({action})", text("verdict")),
+                (None, None) => text("verdict"),
             };
             let keys: Vec<&str> = item["keys"]
                 .as_array()
@@ -1422,19 +1452,65 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
     Ok(())
 }
 
+/// The request a CLI argument names, and a client of the gateway holding it.
+fn request_and_client(
+    request: &str,
+    args: &AdminArgs,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<(hooklatch::core::RequestId, AdminClient)> {
+    let id = hooklatch::core::RequestId::parse(request)
+        .with_context(|| format!("{request:?} is not a request id (req_N)"))?;
+    let settings = load_config(args, env)?;
+    Ok((id, admin_client(args, settings.as_ref())))
+}
+
+/// An admin call's outcome for an exit status: done (`done` printed), refused with a 409 (the
+/// API's message printed, exit 1), or not answered (exit 2).
+fn done_or_refused<T>(
+    what: &str,
+    answer: Result<T, hooklatch::admin::AdminError>,
+    done: impl FnOnce(T) -> String,
+) -> anyhow::Result<Outcome> {
+    match answer {
+        Ok(value) => {
+            println!("{what}: {}", done(value));
+            Ok(Outcome::Passed)
+        }
+        Err(hooklatch::admin::AdminError::Status {
+            status: 409,
+            message,
+        }) => {
+            eprintln!("{what}: {message}");
+            Ok(Outcome::Failed)
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
 fn redeliver(
     request: &str,
     destination: Option<&str>,
     args: &AdminArgs,
     env: &HashMap<String, String>,
 ) -> anyhow::Result<Outcome> {
-    let id = hooklatch::core::RequestId::parse(request)
-        .with_context(|| format!("{request:?} is not a request id (req_N)"))?;
-    let settings = load_config(args, env)?;
-    let admin = admin_client(args, settings.as_ref());
-    let queued = client_runtime()?.block_on(admin.redeliver(id, destination))?;
-    println!("{id}: redelivery queued as {}", queued.join(", "));
-    Ok(Outcome::Passed)
+    let (id, admin) = request_and_client(request, args, env)?;
+    let queued = client_runtime()?.block_on(admin.redeliver(id, destination));
+    done_or_refused(&id.to_string(), queued, |queued| {
+        format!("redelivery queued as {}", queued.join(", "))
+    })
+}
+
+fn dismiss(
+    request: &str,
+    reason: Option<&str>,
+    args: &AdminArgs,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<Outcome> {
+    let (id, admin) = request_and_client(request, args, env)?;
+    let answer = client_runtime()?.block_on(admin.dismiss_conflict(id, reason));
+    done_or_refused(&id.to_string(), answer, |()| {
+        "conflict dismissed".to_owned()
+    })
 }
 
 fn destinations(
@@ -1485,23 +1561,13 @@ fn destinations(
         DestinationsCommand::Enable { name, admin } => {
             let settings = load_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
-            match runtime.block_on(client.enable_destination(&name)) {
-                Ok(item) => {
-                    println!(
-                        "{name}: enabled; {} waiting deliver(ies) due now",
-                        item["woken"].as_u64().unwrap_or(0)
-                    );
-                    Ok(Outcome::Passed)
-                }
-                Err(hooklatch::admin::AdminError::Status {
-                    status: 409,
-                    message,
-                }) => {
-                    eprintln!("{name}: {message}");
-                    Ok(Outcome::Failed)
-                }
-                Err(err) => Err(err.into()),
-            }
+            let answer = runtime.block_on(client.enable_destination(&name));
+            done_or_refused(&name, answer, |item| {
+                format!(
+                    "enabled; {} waiting deliver(ies) due now",
+                    item["woken"].as_u64().unwrap_or(0)
+                )
+            })
         }
     }
 }

@@ -457,6 +457,79 @@ pub struct RequestSummary {
     pub keys: Vec<String>,
     /// Body length in bytes.
     pub body_len: u64,
+    /// What an operator decided about a conflict, once decided (always `None` for other
+    /// verdicts).
+    pub decision: Option<ConflictDecision>,
+}
+
+/// What an operator did with a conflict: a body that differed from the first one under the
+/// same key, held and never processed automatically.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConflictAction {
+    /// Released as a new event by a redelivery ([`redelivery_key`]); later releases queue
+    /// again under the same key.
+    Released,
+    /// Dismissed: it will not be processed; a release is refused from then on.
+    Dismissed,
+}
+
+impl ConflictAction {
+    /// The stable lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConflictAction::Released => "released",
+            ConflictAction::Dismissed => "dismissed",
+        }
+    }
+
+    /// Parses [`ConflictAction::as_str`] back.
+    pub fn parse(s: &str) -> Option<ConflictAction> {
+        match s {
+            "released" => Some(ConflictAction::Released),
+            "dismissed" => Some(ConflictAction::Dismissed),
+            _ => None,
+        }
+    }
+}
+
+/// An operator's decision about a conflict: the first one stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConflictDecision {
+    /// Released or dismissed.
+    pub action: ConflictAction,
+    /// When.
+    pub at: Timestamp,
+    /// Why, as the operator gave it (dismissals).
+    pub reason: Option<String>,
+}
+
+impl ConflictDecision {
+    /// A decision as a store keeps it: three nullable columns (action, time in ms, reason).
+    /// `None` unless the action and the time are both there and the action is known.
+    pub fn from_columns(
+        action: Option<&str>,
+        at: Option<i64>,
+        reason: Option<String>,
+    ) -> Option<ConflictDecision> {
+        Some(ConflictDecision {
+            action: ConflictAction::parse(action?)?,
+            at: Timestamp(at?),
+            reason,
+        })
+    }
+}
+
+/// What [`Store::dismiss_conflict`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dismissal {
+    /// Recorded: the conflict is dismissed.
+    Dismissed(ConflictDecision),
+    /// No such request.
+    NotFound,
+    /// The request is not a conflict.
+    NotAConflict(Verdict),
+    /// Decided before (released or dismissed); nothing changed.
+    Decided(ConflictDecision),
 }
 
 /// One request with everything kept about it.
@@ -552,6 +625,8 @@ pub enum Redelivery {
     NotFound,
     /// The request carries no verified event (it was rejected, or was a handshake).
     NothingToRedeliver(Verdict),
+    /// The request is a conflict an operator dismissed: it is not released.
+    Dismissed(ConflictDecision),
 }
 
 /// Counts for metrics and readiness.
@@ -704,8 +779,9 @@ pub trait Store: Send + Sync + 'static {
     /// Queues a deliberate redelivery of a request's events to `destinations`, bypassing the
     /// claim on purpose: new deliveries, due at `now`, with the request's body and the events'
     /// original `Idempotency-Key`s, so the application's guard still decides — except for a
-    /// conflict, which is released under a key of its own ([`redelivery_key`]). Every call
-    /// queues anew; nothing is swallowed.
+    /// conflict, which is released under a key of its own ([`redelivery_key`]), its decision
+    /// recorded as [`ConflictAction::Released`] in the same write the first time, and refused
+    /// once dismissed. Every call queues anew; nothing is swallowed.
     async fn redeliver(
         &self,
         request: RequestId,
@@ -717,6 +793,19 @@ pub trait Store: Send + Sync + 'static {
             "this store does not support redelivery".to_owned(),
         ))
     }
+
+    /// Dismisses a conflict: records that an operator decided it will not be processed, with
+    /// an optional reason. Only a conflict not decided before changes (the first decision
+    /// stands); a dismissed conflict's redelivery is refused ([`Redelivery::Dismissed`]).
+    async fn dismiss_conflict(
+        &self,
+        request: RequestId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Dismissal, StoreError>;
+
+    /// How many conflicts no operator has released or dismissed yet.
+    async fn undecided_conflicts(&self) -> Result<u64, StoreError>;
 
     /// Removes claims whose retention ended before `now`, and history received before
     /// `history_before` whose deliveries are all finished. Works in bounded batches.

@@ -263,6 +263,24 @@ impl AdminClient {
             .unwrap_or_default())
     }
 
+    /// Dismisses a conflict, with an optional reason.
+    pub async fn dismiss_conflict(
+        &self,
+        id: RequestId,
+        reason: Option<&str>,
+    ) -> Result<(), AdminError> {
+        let body = reason.map(|r| serde_json::json!({ "reason": r }));
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/requests/{id}/dismiss"),
+            &[],
+            body,
+        )
+        .await?
+        .ok_or_else(|| AdminError::NotFound(id.to_string()))?;
+        Ok(())
+    }
+
     /// Imports an export file's captures into the gateway's history (verdict `imported`);
     /// returns the new request ids.
     pub async fn import(&self, export: Value) -> Result<Vec<String>, AdminError> {

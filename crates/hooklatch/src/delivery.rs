@@ -727,8 +727,9 @@ mod tests {
 
     use axum::routing::post;
     use hooklatch_core::store::{
-        DeliveryDetail, DeliveryFilter, DisabledDestination, Ingest, IngestOutcome, Purged,
-        Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
+        DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, Ingest, IngestOutcome,
+        Purged, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
+        StoreStats,
     };
     use hooklatch_core::{DeliveryId, RequestId, RetryPolicy};
     use hooklatch_testkit::conformance::fixture;
@@ -824,6 +825,17 @@ mod tests {
         }
         async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
             self.inner.disabled_destinations().await
+        }
+        async fn dismiss_conflict(
+            &self,
+            request: RequestId,
+            reason: Option<String>,
+            now: Timestamp,
+        ) -> Result<Dismissal, StoreError> {
+            self.inner.dismiss_conflict(request, reason, now).await
+        }
+        async fn undecided_conflicts(&self) -> Result<u64, StoreError> {
+            self.inner.undecided_conflicts().await
         }
         async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
             self.next_dues.fetch_add(1, Ordering::SeqCst);

@@ -1,5 +1,6 @@
-//! Background upkeep: purge expired claims and old history, refresh store gauges, fold the
-//! metrics recorded since the last pass into their histograms.
+//! Background upkeep: purge expired claims and old history, refresh store gauges (the outbox,
+//! the conflicts no operator decided, the claims), fold the metrics recorded since the last
+//! pass into their histograms.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,6 +53,11 @@ pub(crate) async fn run(
                         metrics::gauge!("hooklatch_dead_letter").set(counts.dead as f64);
                     }
                     Err(err) => tracing::warn!(%err, "could not read outbox counts"),
+                }
+                // Conflicts waiting for an operator: read through the index of verdicts.
+                match store.undecided_conflicts().await {
+                    Ok(n) => metrics::gauge!("hooklatch_conflicts_undecided").set(n as f64),
+                    Err(err) => tracing::warn!(%err, "could not count undecided conflicts"),
                 }
             }
             _ = claims.tick() => {

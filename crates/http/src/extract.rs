@@ -54,3 +54,31 @@ fn json_error(rejection: JsonRejection) -> ApiError {
 pub(crate) fn invalid_body(message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", message)
 }
+
+/// The longest operator's reason kept, in characters.
+pub(crate) const REASON_LIMIT: usize = 200;
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReasonBody {
+    reason: Option<String>,
+}
+
+/// The reason in an optional body `{"reason": "…"}` (no body, or only whitespace, or an
+/// empty reason: none), trimmed and made storable; 400 `invalid_body` for another body, 400
+/// `invalid_parameter` for a reason over [`REASON_LIMIT`] characters.
+pub(crate) fn optional_reason(body: &[u8]) -> Result<Option<String>, ApiError> {
+    let parsed: ReasonBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ReasonBody::default()
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|err| invalid_body(format!("the body is not {{\"reason\": \"…\"}}: {err}")))?
+    };
+    match parsed.reason.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(r) if r.chars().count() > REASON_LIMIT => Err(ApiError::bad_parameter(format!(
+            "reason is longer than {REASON_LIMIT} characters"
+        ))),
+        Some(r) => Ok(Some(hooklatch_core::store::storable_text(r).into_owned())),
+    }
+}

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, OutboxCounts, RequestDetail,
-    RequestFilter, RequestSummary, StoreStats, Verdict,
+    AttemptRecord, ConflictAction, ConflictDecision, DeliveryDetail, DeliveryFilter, DeliveryState,
+    Dismissal, OutboxCounts, RequestDetail, RequestFilter, RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, RequestId, Timestamp};
 use sqlx::postgres::PgRow;
@@ -21,8 +21,10 @@ use hooklatch_core::headers;
 /// Rows removed per purge transaction.
 pub(crate) const PURGE_BATCH: u64 = 1000;
 
-const SUMMARY_COLUMNS: &str =
-    "id, received_at, source, verdict, reason, status, keys, octet_length(body)";
+/// The columns [`summary`] reads (the decision's three by name); a query's own columns follow
+/// from index 11.
+const SUMMARY_COLUMNS: &str = "id, received_at, source, verdict, reason, status, keys,
+    octet_length(body), decision, decided_at, decision_reason";
 
 fn summary(r: &PgRow) -> Result<RequestSummary, sqlx::Error> {
     Ok(RequestSummary {
@@ -34,7 +36,69 @@ fn summary(r: &PgRow) -> Result<RequestSummary, sqlx::Error> {
         status: u16::try_from(r.try_get::<i32, _>(5)?).unwrap_or(0),
         keys: r.try_get(6)?,
         body_len: u64::try_from(r.try_get::<i32, _>(7)?).unwrap_or(0),
+        decision: ConflictDecision::from_columns(
+            r.try_get::<Option<&str>, _>("decision")?,
+            r.try_get("decided_at")?,
+            r.try_get("decision_reason")?,
+        ),
     })
+}
+
+/// Records an operator's dismissal of a conflict, unless it was decided before: one update,
+/// which reads the row's latest version, so a release and a dismissal never both win.
+pub(crate) async fn dismiss_conflict(
+    pool: &PgPool,
+    request: RequestId,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> Result<Dismissal, sqlx::Error> {
+    let dismissed = sqlx::query(
+        "UPDATE requests SET decision = 'dismissed', decided_at = $2, decision_reason = $3
+         WHERE id = $1 AND verdict = 'conflict' AND decision IS NULL
+         RETURNING id",
+    )
+    .bind(request.0)
+    .bind(now.0)
+    .bind(reason)
+    .fetch_optional(pool)
+    .await?;
+    if dismissed.is_some() {
+        return Ok(Dismissal::Dismissed(ConflictDecision {
+            action: ConflictAction::Dismissed,
+            at: now,
+            reason: reason.map(str::to_owned),
+        }));
+    }
+    let row = sqlx::query(
+        "SELECT verdict, decision, decided_at, decision_reason FROM requests WHERE id = $1",
+    )
+    .bind(request.0)
+    .fetch_optional(pool)
+    .await?;
+    let Some(row) = row else {
+        return Ok(Dismissal::NotFound);
+    };
+    let verdict = Verdict::parse(row.try_get(0)?).unwrap_or(Verdict::Rejected);
+    let decided = ConflictDecision::from_columns(
+        row.try_get::<Option<&str>, _>(1)?,
+        row.try_get(2)?,
+        row.try_get(3)?,
+    );
+    Ok(match decided {
+        Some(d) if verdict == Verdict::Conflict => Dismissal::Decided(d),
+        _ => Dismissal::NotAConflict(verdict),
+    })
+}
+
+/// Conflicts nobody released or dismissed, read through the index of verdicts.
+pub(crate) async fn undecided_conflicts(pool: &PgPool) -> Result<u64, sqlx::Error> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM requests
+         WHERE verdict = 'conflict' AND verdict <> 'accepted' AND decision IS NULL",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(n).unwrap_or(0))
 }
 
 pub(crate) async fn list_requests(
@@ -111,12 +175,12 @@ pub(crate) async fn get_request(
     .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(RequestDetail {
         summary: summary(&row)?,
-        method: row.try_get(8)?,
-        path: row.try_get(9)?,
-        peer: row.try_get(10)?,
-        headers: headers::decode(row.try_get::<&[u8], _>(11)?),
-        body: Bytes::from(row.try_get::<Vec<u8>, _>(12)?),
-        body_truncated: row.try_get(13)?,
+        method: row.try_get(11)?,
+        path: row.try_get(12)?,
+        peer: row.try_get(13)?,
+        headers: headers::decode(row.try_get::<&[u8], _>(14)?),
+        body: Bytes::from(row.try_get::<Vec<u8>, _>(15)?),
+        body_truncated: row.try_get(16)?,
         deliveries: with_attempts(pool, deliveries).await?,
     }))
 }

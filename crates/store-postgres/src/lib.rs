@@ -41,9 +41,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Ingest, IngestOutcome,
-    LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail,
-    RequestFilter, RequestRecord, RequestSummary, StoreStats,
+    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, Ingest,
+    IngestOutcome, LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected,
+    RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -402,6 +402,23 @@ impl Store for PostgresStore {
 
     async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
         outbox::disabled_destinations(self.pool())
+            .await
+            .map_err(map_err)
+    }
+
+    async fn dismiss_conflict(
+        &self,
+        request: RequestId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Dismissal, StoreError> {
+        history::dismiss_conflict(self.pool(), request, reason.as_deref(), now)
+            .await
+            .map_err(map_err)
+    }
+
+    async fn undecided_conflicts(&self) -> Result<u64, StoreError> {
+        history::undecided_conflicts(self.pool())
             .await
             .map_err(map_err)
     }

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    redelivery_key, AttemptNext, AttemptResult, DeliveryState, DisabledDestination, LeasedDelivery,
-    Redelivery, Redrive, Verdict,
+    redelivery_key, AttemptNext, AttemptResult, ConflictAction, ConflictDecision, DeliveryState,
+    DisabledDestination, LeasedDelivery, Redelivery, Redrive, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, PgPool, Row};
@@ -575,6 +575,27 @@ pub(crate) async fn redeliver(
     let keys: Vec<String> = row.try_get(2)?;
     if keys.is_empty() || matches!(verdict, Verdict::Rejected | Verdict::Handshake) {
         return Ok(Redelivery::NothingToRedeliver(verdict));
+    }
+    if verdict == Verdict::Conflict {
+        // The first decision stands. An update reads the row's latest version, so a dismissal
+        // committed meanwhile is seen here and the release refused.
+        let row = sqlx::query(
+            "UPDATE requests SET decision = COALESCE(decision, 'released'),
+                                 decided_at = COALESCE(decided_at, $2)
+             WHERE id = $1 RETURNING decision, decided_at, decision_reason",
+        )
+        .bind(request.0)
+        .bind(now.0)
+        .fetch_one(&mut *conn)
+        .await?;
+        let decided = ConflictDecision::from_columns(
+            row.try_get::<Option<&str>, _>(0)?,
+            row.try_get(1)?,
+            row.try_get(2)?,
+        );
+        if let Some(d) = decided.filter(|d| d.action == ConflictAction::Dismissed) {
+            return Ok(Redelivery::Dismissed(d));
+        }
     }
     let mut queued = Vec::with_capacity(keys.len() * destinations.len());
     for key in &keys {

@@ -167,6 +167,12 @@ CREATE TABLE disabled_destinations (
     reason      TEXT   NOT NULL
 );
 "#,
+    // 7: an operator's decision about a conflict (released or dismissed), on its request.
+    r#"
+ALTER TABLE requests ADD COLUMN decision TEXT,
+                     ADD COLUMN decided_at BIGINT,
+                     ADD COLUMN decision_reason TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -1,8 +1,8 @@
 //! History queries (requests, deliveries, attempts), counts, and the purge.
 
 use hooklatch_core::store::{
-    AttemptRecord, DeliveryDetail, DeliveryFilter, DeliveryState, OutboxCounts, RequestDetail,
-    RequestFilter, RequestSummary, StoreStats, Verdict,
+    AttemptRecord, ConflictAction, ConflictDecision, DeliveryDetail, DeliveryFilter, DeliveryState,
+    Dismissal, OutboxCounts, RequestDetail, RequestFilter, RequestSummary, StoreStats, Verdict,
 };
 use hooklatch_core::{DeliveryId, RequestId, Timestamp};
 use rusqlite::types::Value;
@@ -15,8 +15,11 @@ use crate::body;
 /// Rows removed per purge transaction.
 pub(crate) const PURGE_BATCH: u64 = 1000;
 
+/// The columns [`summary`] reads (the decision's three by name); a query's own columns follow
+/// from index 11.
 const SUMMARY_COLUMNS: &str =
-    "id, received_at, source, verdict, reason, status, keys, COALESCE(body_length, length(body))";
+    "id, received_at, source, verdict, reason, status, keys, COALESCE(body_length, length(body)),
+     decision, decided_at, decision_reason";
 
 fn summary(r: &Row<'_>) -> rusqlite::Result<RequestSummary> {
     let verdict: String = r.get(3)?;
@@ -30,6 +33,11 @@ fn summary(r: &Row<'_>) -> rusqlite::Result<RequestSummary> {
         status: r.get(5)?,
         keys: serde_json::from_str(&keys).unwrap_or_default(),
         body_len: r.get::<_, i64>(7)? as u64,
+        decision: ConflictDecision::from_columns(
+            r.get::<_, Option<String>>("decision")?.as_deref(),
+            r.get("decided_at")?,
+            r.get("decision_reason")?,
+        ),
     })
 }
 
@@ -41,6 +49,61 @@ const CLAIM_SOURCES: &str = "WITH RECURSIVE claim_sources(name) AS (
         SELECT (SELECT min(source) FROM claims WHERE source > name)
         FROM claim_sources WHERE name IS NOT NULL)
     ";
+
+/// Records an operator's dismissal of a conflict, unless it was decided before.
+pub(crate) fn dismiss_conflict(
+    conn: &Connection,
+    request: RequestId,
+    reason: Option<&str>,
+    now: Timestamp,
+) -> rusqlite::Result<Dismissal> {
+    let row = conn
+        .query_row(
+            "SELECT verdict, decision, decided_at, decision_reason FROM requests WHERE id = ?1",
+            [request.0],
+            |r| {
+                let verdict: String = r.get(0)?;
+                let decided = ConflictDecision::from_columns(
+                    r.get::<_, Option<String>>(1)?.as_deref(),
+                    r.get(2)?,
+                    r.get(3)?,
+                );
+                Ok((verdict, decided))
+            },
+        )
+        .optional()?;
+    let Some((verdict, decided)) = row else {
+        return Ok(Dismissal::NotFound);
+    };
+    let verdict = Verdict::parse(&verdict).unwrap_or(Verdict::Rejected);
+    if verdict != Verdict::Conflict {
+        return Ok(Dismissal::NotAConflict(verdict));
+    }
+    if let Some(earlier) = decided {
+        return Ok(Dismissal::Decided(earlier));
+    }
+    conn.execute(
+        "UPDATE requests SET decision = 'dismissed', decided_at = ?2, decision_reason = ?3
+         WHERE id = ?1",
+        params![request.0, now.0, reason],
+    )?;
+    Ok(Dismissal::Dismissed(ConflictDecision {
+        action: ConflictAction::Dismissed,
+        at: now,
+        reason: reason.map(str::to_owned),
+    }))
+}
+
+/// Conflicts nobody released or dismissed, read through the index of verdicts.
+pub(crate) fn undecided_conflicts(conn: &Connection) -> rusqlite::Result<u64> {
+    conn.query_row(
+        "SELECT count(*) FROM requests
+         WHERE verdict = 'conflict' AND verdict <> 'accepted' AND decision IS NULL",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+}
 
 pub(crate) fn list_requests(
     conn: &Connection,
@@ -118,12 +181,12 @@ pub(crate) fn get_request(
             |r| {
                 Ok(RequestDetail {
                     summary: summary(r)?,
-                    method: r.get(8)?,
-                    path: r.get(9)?,
-                    peer: r.get(10)?,
-                    headers: headers::decode(&r.get::<_, Vec<u8>>(11)?),
-                    body: body::decode(12, r.get(12)?, r.get(14)?, r.get(15)?)?,
-                    body_truncated: r.get(13)?,
+                    method: r.get(11)?,
+                    path: r.get(12)?,
+                    peer: r.get(13)?,
+                    headers: headers::decode(&r.get::<_, Vec<u8>>(14)?),
+                    body: body::decode(15, r.get(15)?, r.get(17)?, r.get(18)?)?,
+                    body_truncated: r.get(16)?,
                     deliveries: Vec::new(),
                 })
             },

@@ -32,9 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Ingest, IngestOutcome,
-    LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected, RequestDetail,
-    RequestFilter, RequestRecord, RequestSummary, StoreStats,
+    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, Ingest,
+    IngestOutcome, LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected,
+    RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
 use rusqlite::{Connection, OpenFlags};
@@ -406,6 +406,22 @@ impl Store for SqliteStore {
 
     async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
         self.read(outbox::disabled_destinations).await
+    }
+
+    async fn dismiss_conflict(
+        &self,
+        request: RequestId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Dismissal, StoreError> {
+        self.write(Room::All, move |tx| {
+            history::dismiss_conflict(tx, request, reason.as_deref(), now)
+        })
+        .await
+    }
+
+    async fn undecided_conflicts(&self) -> Result<u64, StoreError> {
+        self.read(history::undecided_conflicts).await
     }
 
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    redelivery_key, AttemptNext, AttemptResult, DeliveryState, DisabledDestination, LeasedDelivery,
-    Redelivery, Redrive, Verdict,
+    redelivery_key, AttemptNext, AttemptResult, ConflictAction, ConflictDecision, DeliveryState,
+    DisabledDestination, LeasedDelivery, Redelivery, Redrive, Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -364,6 +364,25 @@ pub(crate) fn redeliver(
     let keys: Vec<String> = serde_json::from_str(&keys).unwrap_or_default();
     if keys.is_empty() || matches!(verdict, Verdict::Rejected | Verdict::Handshake) {
         return Ok(Redelivery::NothingToRedeliver(verdict));
+    }
+    if verdict == Verdict::Conflict {
+        let decided: (Option<String>, Option<i64>, Option<String>) = conn.query_row(
+            "SELECT decision, decided_at, decision_reason FROM requests WHERE id = ?1",
+            [request.0],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        match ConflictDecision::from_columns(decided.0.as_deref(), decided.1, decided.2) {
+            Some(d) if d.action == ConflictAction::Dismissed => {
+                return Ok(Redelivery::Dismissed(d))
+            }
+            Some(_) => {}
+            None => {
+                conn.execute(
+                    "UPDATE requests SET decision = 'released', decided_at = ?2 WHERE id = ?1",
+                    params![request.0, now.0],
+                )?;
+            }
+        }
     }
     let mut queued = Vec::with_capacity(keys.len() * destinations.len());
     for key in &keys {

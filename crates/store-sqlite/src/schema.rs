@@ -138,6 +138,12 @@ CREATE TABLE disabled_destinations (
     reason      TEXT    NOT NULL
 ) WITHOUT ROWID;
 "#,
+    // 7: an operator's decision about a conflict (released or dismissed), on its request.
+    r#"
+ALTER TABLE requests ADD COLUMN decision TEXT;
+ALTER TABLE requests ADD COLUMN decided_at INTEGER;
+ALTER TABLE requests ADD COLUMN decision_reason TEXT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -9,10 +9,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    redelivery_key, verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, DeliveryDetail,
-    DeliveryFilter, DeliveryState, DisabledDestination, Ingest, IngestOutcome, KeyDecision,
-    LeasedDelivery, NewEvent, Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter,
-    RequestRecord, RequestSummary, StoreStats, Verdict,
+    redelivery_key, verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, ConflictAction,
+    ConflictDecision, DeliveryDetail, DeliveryFilter, DeliveryState, DisabledDestination,
+    Dismissal, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent, Purged, Redelivery,
+    Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
+    Verdict,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -56,6 +57,7 @@ struct StoredRequest {
     reason: Option<String>,
     status: u16,
     keys: Vec<String>,
+    decision: Option<ConflictDecision>,
 }
 
 struct StoredClaim {
@@ -115,6 +117,7 @@ impl State {
                 reason,
                 status,
                 keys,
+                decision: None,
             },
         );
         RequestId(id)
@@ -389,6 +392,7 @@ impl State {
             status: request.status,
             keys: request.keys.clone(),
             body_len: request.record.body.len() as u64,
+            decision: request.decision.clone(),
         }
     }
 
@@ -474,9 +478,24 @@ impl State {
         {
             return Redelivery::NothingToRedeliver(stored.verdict);
         }
+        if let Some(d) = stored
+            .decision
+            .as_ref()
+            .filter(|d| d.action == ConflictAction::Dismissed)
+        {
+            return Redelivery::Dismissed(d.clone());
+        }
         let source = stored.record.source.clone();
         let keys = stored.keys.clone();
         let verdict = stored.verdict;
+        if verdict == Verdict::Conflict {
+            let stored = self.requests.get_mut(&request.0).expect("found above");
+            stored.decision.get_or_insert(ConflictDecision {
+                action: ConflictAction::Released,
+                at: now,
+                reason: None,
+            });
+        }
         let mut queued = Vec::new();
         for key in keys {
             // The event type as the first delivery of this event recorded it.
@@ -689,6 +708,40 @@ impl Store for MemoryStore {
         now: Timestamp,
     ) -> Result<Redelivery, StoreError> {
         Ok(self.state().redeliver(request, &destinations, now))
+    }
+
+    async fn dismiss_conflict(
+        &self,
+        request: RequestId,
+        reason: Option<String>,
+        now: Timestamp,
+    ) -> Result<Dismissal, StoreError> {
+        let mut state = self.state();
+        let Some(stored) = state.requests.get_mut(&request.0) else {
+            return Ok(Dismissal::NotFound);
+        };
+        if stored.verdict != Verdict::Conflict {
+            return Ok(Dismissal::NotAConflict(stored.verdict));
+        }
+        if let Some(earlier) = &stored.decision {
+            return Ok(Dismissal::Decided(earlier.clone()));
+        }
+        let decision = ConflictDecision {
+            action: ConflictAction::Dismissed,
+            at: now,
+            reason,
+        };
+        stored.decision = Some(decision.clone());
+        Ok(Dismissal::Dismissed(decision))
+    }
+
+    async fn undecided_conflicts(&self) -> Result<u64, StoreError> {
+        Ok(self
+            .state()
+            .requests
+            .values()
+            .filter(|r| r.verdict == Verdict::Conflict && r.decision.is_none())
+            .count() as u64)
     }
 
     async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {

@@ -12,7 +12,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use crate::support::{
-    github_headers, header, raw_post, stripe_headers, stripe_invoice_paid,
+    eventually, github_headers, header, raw_post, stripe_headers, stripe_invoice_paid,
     stripe_invoice_paid_padded, unique, Behaviour, Gateway, Handler, Options, ADMIN_TOKEN,
 };
 
@@ -297,6 +297,95 @@ async fn the_same_key_with_a_different_body_is_held_as_a_conflict_and_not_forwar
         handler.count_for(&key),
         1,
         "the original event was not sent again"
+    );
+    let listed = gw.requests("verdict=conflict").await;
+    assert_eq!(listed[0]["decision"]["action"], "released", "{listed:#?}");
+    assert_eq!(gw.metric("hooklatch_conflicts_undecided").await, 0.0);
+
+    // A third body under the key: a conflict the operator dismisses, with a reason.
+    let third = stripe_invoice_paid(&event_id, 7000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&third), third).await;
+    assert_eq!(
+        (status, &json["status"]),
+        (200, &json!("conflict")),
+        "{json}"
+    );
+    let dismissed = json["request_id"].as_str().expect("its id").to_owned();
+    eventually("the gauge counts the undecided conflict", async || {
+        gw.metric("hooklatch_conflicts_undecided").await == 1.0
+    })
+    .await;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["events", "dismiss", &dismissed, "--reason", "a test resend"])
+        .args(["--admin", &gw.admin_url()])
+        .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("running hooklatch events dismiss");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (status, shown) = gw.admin_get(&format!("/v1/requests/{dismissed}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(shown["decision"]["action"], "dismissed", "{shown:#}");
+    assert_eq!(shown["decision"]["reason"], "a test resend", "{shown:#}");
+    eventually("the gauge counts none", async || {
+        gw.metric("hooklatch_conflicts_undecided").await == 0.0
+    })
+    .await;
+    // A dismissed conflict is not released; decided conflicts are not decided again; only a
+    // conflict is dismissed. Each refusal has its code, and nothing is sent.
+    for (path, code) in [
+        (
+            format!("/v1/requests/{dismissed}/redeliver"),
+            "conflict_dismissed",
+        ),
+        (
+            format!("/v1/requests/{dismissed}/dismiss"),
+            "conflict_decided",
+        ),
+        (
+            format!("/v1/requests/{conflict_id}/dismiss"),
+            "conflict_decided",
+        ),
+        (
+            format!(
+                "/v1/requests/{}/dismiss",
+                first["request_id"].as_str().expect("id")
+            ),
+            "not_a_conflict",
+        ),
+    ] {
+        let (status, json) = gw.admin_post(&path).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (409, Some(code)),
+            "{path}: {json}"
+        );
+    }
+    let (status, json) = gw.admin_post("/v1/requests/req_999999/dismiss").await;
+    assert_eq!(
+        (status, json["code"].as_str()),
+        (404, Some("not_found")),
+        "{json}"
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["events", "dismiss", &dismissed, "--admin", &gw.admin_url()])
+        .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("running hooklatch events dismiss");
+    assert_eq!(out.status.code(), Some(1), "decided before");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("was dismissed at"));
+    assert_eq!(
+        gw.deliveries_for(&format!("{key}:{dismissed}")).await.len(),
+        0,
+        "nothing queued for the dismissed conflict"
+    );
+    assert_eq!(
+        handler.total(),
+        3,
+        "the original, the later event, the released conflict"
     );
 }
 

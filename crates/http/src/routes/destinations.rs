@@ -12,16 +12,12 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use hooklatch_core::store::{storable_text, DisabledDestination};
+use hooklatch_core::store::DisabledDestination;
 use hooklatch_core::Timestamp;
-use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::extract::invalid_body;
+use crate::extract::optional_reason;
 use crate::{AdminState, ApiError};
-
-/// The longest reason kept, in characters.
-const REASON_LIMIT: usize = 200;
 
 fn destination_json(name: &str, kind: &str, disabled: Option<&DisabledDestination>) -> Value {
     json!({
@@ -62,35 +58,14 @@ pub(crate) async fn list(State(state): State<Arc<AdminState>>) -> Result<Json<Va
     Ok(Json(json!({ "items": items })))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct DisableBody {
-    /// Why, kept with the state (default: "disabled by an operator").
-    reason: Option<String>,
-}
-
 pub(crate) async fn disable(
     State(state): State<Arc<AdminState>>,
     Path(name): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    // The body is optional: none, or `{"reason": "…"}`.
-    let body: DisableBody = if body.iter().all(u8::is_ascii_whitespace) {
-        DisableBody::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|err| invalid_body(format!("the body is not {{\"reason\": \"…\"}}: {err}")))?
-    };
+    let reason = optional_reason(&body)?;
     let kind = kind_of(&state, &name)?;
-    let reason = match body.reason.as_deref().map(str::trim) {
-        None | Some("") => "disabled by an operator".to_owned(),
-        Some(r) if r.chars().count() > REASON_LIMIT => {
-            return Err(ApiError::bad_parameter(format!(
-                "reason is longer than {REASON_LIMIT} characters"
-            )))
-        }
-        Some(r) => storable_text(r).into_owned(),
-    };
+    let reason = reason.unwrap_or_else(|| "disabled by an operator".to_owned());
     let disabled = DisabledDestination {
         destination: name.clone(),
         disabled_at: Timestamp::now(),

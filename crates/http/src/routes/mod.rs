@@ -24,6 +24,7 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
         .route("/v1/requests", get(requests::list))
         .route("/v1/requests/{id}", get(requests::show))
         .route("/v1/requests/{id}/redeliver", post(requests::redeliver))
+        .route("/v1/requests/{id}/dismiss", post(requests::dismiss))
         .route(
             "/v1/requests/import",
             post(requests::import).layer(DefaultBodyLimit::max(requests::IMPORT_LIMIT)),

@@ -8,13 +8,14 @@ use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
 use hooklatch_core::store::{
-    DeliveryDetail, Redelivery, RequestFilter, RequestRecord, RequestSummary, Verdict,
+    ConflictDecision, DeliveryDetail, Dismissal, Redelivery, RequestFilter, RequestRecord,
+    RequestSummary, Verdict,
 };
 use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::extract::{invalid_body, ApiJson, ApiQuery};
+use crate::extract::{invalid_body, optional_reason, ApiJson, ApiQuery};
 use crate::{AdminState, ApiError};
 
 /// Page size when none is asked for, and the most one page may hold.
@@ -188,6 +189,14 @@ pub(crate) async fn redeliver(
             ))
         }
         Redelivery::NotFound => Err(ApiError::not_found("no such request")),
+        Redelivery::Dismissed(d) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict_dismissed",
+            format!(
+                "this conflict was dismissed at {}: it is not released",
+                d.at.to_rfc3339()
+            ),
+        )),
         Redelivery::NothingToRedeliver(verdict) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "nothing_to_redeliver",
@@ -197,6 +206,57 @@ pub(crate) async fn redeliver(
             ),
         )),
     }
+}
+
+/// Dismisses a conflict: an operator's record that this body will not be processed (optional
+/// body `{"reason": "…"}`). The first decision stands: a released or dismissed conflict is
+/// not decided again, and a dismissed one is not released.
+pub(crate) async fn dismiss(
+    State(state): State<Arc<AdminState>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let reason = optional_reason(&body)?;
+    let id = RequestId::parse(&id).ok_or_else(|| ApiError::not_found("no such request"))?;
+    match state
+        .store
+        .dismiss_conflict(id, reason, Timestamp::now())
+        .await?
+    {
+        Dismissal::Dismissed(d) => {
+            tracing::info!(request = %id, "conflict dismissed");
+            Ok(Json(json!({
+                "id": id.to_string(),
+                "decision": decision_json(&d),
+            })))
+        }
+        Dismissal::NotFound => Err(ApiError::not_found("no such request")),
+        Dismissal::NotAConflict(verdict) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "not_a_conflict",
+            format!(
+                "the request's verdict is {}: only a conflict is dismissed",
+                verdict.as_str()
+            ),
+        )),
+        Dismissal::Decided(d) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict_decided",
+            format!(
+                "this conflict was {} at {}; the first decision stands",
+                d.action.as_str(),
+                d.at.to_rfc3339()
+            ),
+        )),
+    }
+}
+
+fn decision_json(d: &ConflictDecision) -> Value {
+    json!({
+        "action": d.action.as_str(),
+        "at": d.at.to_rfc3339(),
+        "reason": d.reason,
+    })
 }
 
 /// An export file (`hooklatch events export`), as far as import reads it.
@@ -319,6 +379,7 @@ fn summary_json(r: &RequestSummary) -> Value {
         "status": r.status,
         "keys": r.keys,
         "body_len": r.body_len,
+        "decision": r.decision.as_ref().map(decision_json),
     })
 }
 

@@ -51,6 +51,7 @@ pub use history::{
     the_key_finds_every_request_that_carried_it_after_claims_are_replaced_or_purged,
 };
 pub use outbox::{
+    a_conflict_is_released_or_dismissed_once_and_a_dismissed_one_is_not_released,
     a_dead_lettered_delivery_keeps_its_last_error,
     a_deliberate_redelivery_queues_anew_with_the_original_key,
     a_delivered_attempt_finishes_the_delivery,
@@ -116,6 +117,7 @@ pub async fn store_suite<S: Store>(make: impl Fn() -> S) {
         redriving_what_is_not_dead_changes_nothing,
         a_deliberate_redelivery_queues_anew_with_the_original_key,
         a_redelivered_conflict_goes_out_under_a_key_of_its_own,
+        a_conflict_is_released_or_dismissed_once_and_a_dismissed_one_is_not_released,
         list_requests_filters_and_pages_newest_first,
         get_request_returns_the_request_byte_exact_with_its_deliveries,
         list_deliveries_filters_and_pages_newest_first,

@@ -544,6 +544,155 @@ pub async fn a_redelivered_conflict_goes_out_under_a_key_of_its_own<S: Store>(st
     );
 }
 
+/// An operator decides a conflict once: released by its first redelivery (recorded in the same
+/// write; a second release queues again) or dismissed (with a reason), after which a release
+/// is refused and nothing is queued. A decided conflict is not decided again; only a conflict
+/// is dismissed; the history shows each decision, and the undecided conflicts are counted.
+pub async fn a_conflict_is_released_or_dismissed_once_and_a_dismissed_one_is_not_released<
+    S: Store,
+>(
+    store: S,
+) {
+    use hooklatch_core::store::{ConflictAction, Dismissal, Verdict};
+    const OTHER: &[u8] = br#"{"id":"evt_1","type":"invoice.paid","amount":2}"#;
+    const THIRD: &[u8] = br#"{"id":"evt_1","type":"invoice.paid","amount":3}"#;
+    let first = ingest_ok(&store, ingest(SOURCE, &["evt_1"], BODY, T0)).await;
+    let released = ingest_ok(&store, ingest(SOURCE, &["evt_1"], OTHER, at(1))).await;
+    let dismissed = ingest_ok(&store, ingest(SOURCE, &["evt_1"], THIRD, at(2))).await;
+    async fn undecided<S: Store>(store: &S) -> u64 {
+        store
+            .undecided_conflicts()
+            .await
+            .expect("undecided_conflicts")
+    }
+    async fn summary_of<S: Store>(
+        store: &S,
+        id: RequestId,
+    ) -> hooklatch_core::store::RequestSummary {
+        store
+            .get_request(id)
+            .await
+            .expect("get_request")
+            .expect("the request")
+            .summary
+    }
+    assert_eq!(undecided(&store).await, 2);
+    assert_eq!(summary_of(&store, released.request_id).await.decision, None);
+
+    let dest = vec![DESTINATIONS[0].to_owned()];
+    let Redelivery::Queued(_) = store
+        .redeliver(released.request_id, dest.clone(), at(3))
+        .await
+        .expect("redeliver")
+    else {
+        panic!("a conflict can be released");
+    };
+    let decision = summary_of(&store, released.request_id)
+        .await
+        .decision
+        .expect("a decision");
+    assert_eq!(
+        (decision.action, decision.at),
+        (ConflictAction::Released, at(3))
+    );
+    let Redelivery::Queued(again) = store
+        .redeliver(released.request_id, dest.clone(), at(4))
+        .await
+        .expect("redeliver")
+    else {
+        panic!("a released conflict can be released again");
+    };
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        summary_of(&store, released.request_id)
+            .await
+            .decision
+            .map(|d| d.at),
+        Some(at(3)),
+        "the first release stands"
+    );
+    assert_eq!(undecided(&store).await, 1);
+
+    let Dismissal::Dismissed(d) = store
+        .dismiss_conflict(
+            dismissed.request_id,
+            Some("a test charge".to_owned()),
+            at(5),
+        )
+        .await
+        .expect("dismiss")
+    else {
+        panic!("an undecided conflict is dismissed");
+    };
+    assert_eq!(
+        (d.action, d.at, d.reason.as_deref()),
+        (ConflictAction::Dismissed, at(5), Some("a test charge"))
+    );
+    assert_eq!(undecided(&store).await, 0);
+    let queued_before = store.outbox_counts().await.expect("counts").pending;
+    match store
+        .redeliver(dismissed.request_id, dest, at(6))
+        .await
+        .expect("redeliver")
+    {
+        Redelivery::Dismissed(d) => assert_eq!(d.at, at(5)),
+        other => panic!("a dismissed conflict is not released: {other:?}"),
+    }
+    assert_eq!(
+        store.outbox_counts().await.expect("counts").pending,
+        queued_before,
+        "nothing queued"
+    );
+    for (id, action) in [
+        (dismissed.request_id, ConflictAction::Dismissed),
+        (released.request_id, ConflictAction::Released),
+    ] {
+        match store
+            .dismiss_conflict(id, None, at(7))
+            .await
+            .expect("dismiss")
+        {
+            Dismissal::Decided(d) => assert_eq!(d.action, action, "{id}"),
+            other => panic!("{id} was decided: {other:?}"),
+        }
+    }
+    assert_eq!(
+        store
+            .dismiss_conflict(first.request_id, None, at(7))
+            .await
+            .expect("dismiss"),
+        Dismissal::NotAConflict(Verdict::Accepted)
+    );
+    assert_eq!(
+        store
+            .dismiss_conflict(hooklatch_core::RequestId(999_999), None, at(7))
+            .await
+            .expect("dismiss"),
+        Dismissal::NotFound
+    );
+    let listed = store
+        .list_requests(hooklatch_core::store::RequestFilter {
+            verdict: Some(Verdict::Conflict),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .expect("list_requests");
+    let actions: Vec<_> = listed
+        .iter()
+        .map(|r| r.decision.as_ref().map(|d| d.action))
+        .collect();
+    assert_eq!(
+        actions,
+        vec![
+            Some(ConflictAction::Dismissed),
+            Some(ConflictAction::Released)
+        ],
+        "newest first, each with its decision"
+    );
+    assert_eq!(summary_of(&store, first.request_id).await.decision, None);
+}
+
 /// Recording an attempt and leasing the next due delivery in one call: the attempt is
 /// recorded as `record_attempt` records it, the next due delivery (never the one just
 /// recorded while it waits for its retry) is leased to the same owner, and nothing is
