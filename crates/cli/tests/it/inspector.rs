@@ -5,7 +5,9 @@
 //! shows a request's headers and body, a rejected request whose body is markup included, as
 //! text (no element from it, no script run); retries a dead-lettered delivery, which then
 //! reaches the handler; redelivers an event after a second click, with the same
-//! `Idempotency-Key`; and that the page's files carry a Content-Security-Policy.
+//! `Idempotency-Key`; dismisses a conflict after a second click, with a reason; shows a banner
+//! while a destination is disabled (by its 410) and enables it from the Destinations page;
+//! and that the page's files carry a Content-Security-Policy.
 //!
 //! Needs `chromedriver` and `chromium` (Debian's `chromium-driver` and `chromium`; `.ci/run`
 //! installs them). Without them the test prints `skipped:` and passes, except under CI, where
@@ -494,4 +496,108 @@ async fn the_inspector_shows_history_as_text_and_retries_and_redelivers() {
         .map(|r| r.header("idempotency-key").to_owned())
         .collect();
     assert!(keys.iter().all(|k| *k == key), "{keys:?}");
+
+    // A conflict, dismissed from its page after a second click, with a reason.
+    let altered = stripe_invoice_paid(&event_id, 6000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&altered), altered).await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("conflict")));
+    let conflict = json["request_id"].as_str().expect("its id").to_owned();
+    browser
+        .goto(&format!("{}/ui/#/requests/{conflict}", gw.admin_url()))
+        .await;
+    browser
+        .until(
+            "the conflict's Dismiss",
+            "return !document.getElementById('dismiss-box').hidden",
+        )
+        .await;
+    browser.type_into("#dismiss-reason", "a test resend").await;
+    browser.click("#dismiss").await;
+    browser
+        .until(
+            "the armed Dismiss",
+            "return document.getElementById('dismiss').dataset.armed === 'yes'",
+        )
+        .await;
+    let (_, shown) = gw.admin_get(&format!("/v1/requests/{conflict}")).await;
+    assert!(
+        shown["decision"].is_null(),
+        "one click dismisses nothing: {shown}"
+    );
+    browser.click("#dismiss").await;
+    browser
+        .until(
+            "the decision on the page",
+            "return document.getElementById('detail-facts').textContent.includes('dismissed at')",
+        )
+        .await;
+    let (_, shown) = gw.admin_get(&format!("/v1/requests/{conflict}")).await;
+    assert_eq!(shown["decision"]["action"], "dismissed", "{shown}");
+    assert_eq!(shown["decision"]["reason"], "a test resend", "{shown}");
+    let hidden = browser
+        .eval(
+            "return [document.getElementById('redeliver').hidden,
+                     document.getElementById('dismiss-box').hidden]",
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        hidden,
+        json!([true, true]),
+        "no release, no second dismissal"
+    );
+    browser.screenshot("6-dismissed").await;
+
+    // A destination disabled by its 410: a banner on the list, enabled from its page, and
+    // what waited goes out.
+    handler.set_behaviour(Behaviour::Gone);
+    let gone = gw.send_stripe_event("stripe", "evt_inspector_gone").await;
+    gw.wait_for_delivery_state(&gone, "dead").await;
+    let held = gw.send_stripe_event("stripe", "evt_inspector_held").await;
+    handler.set_behaviour(Behaviour::AlwaysOk);
+    browser
+        .goto(&format!("{}/ui/#/requests", gw.admin_url()))
+        .await;
+    let banner = browser
+        .until(
+            "the disabled destination's banner",
+            "const b = document.getElementById('disabled-banner');
+             return !b.hidden && b.textContent",
+        )
+        .await;
+    assert!(
+        banner
+            .as_str()
+            .unwrap()
+            .contains("Destination app is disabled since"),
+        "{banner}"
+    );
+    browser
+        .goto(&format!("{}/ui/#/destinations", gw.admin_url()))
+        .await;
+    browser
+        .until(
+            "the Enable button",
+            "return document.querySelector('#destination-rows button[data-action=enable]')",
+        )
+        .await;
+    browser.screenshot("7-destinations").await;
+    assert_eq!(handler.count_for(&held), 0, "held while disabled");
+    browser
+        .click("#destination-rows button[data-action=enable]")
+        .await;
+    browser
+        .until(
+            "the enable's answer",
+            "return document.getElementById('destinations-result').textContent.includes('app enabled')",
+        )
+        .await;
+    gw.wait_for_delivery_state(&held, "delivered").await;
+    assert_eq!(handler.count_for(&held), 1);
+    browser
+        .until(
+            "no banner",
+            "return document.getElementById('disabled-banner').hidden",
+        )
+        .await;
 }

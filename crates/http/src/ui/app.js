@@ -54,12 +54,16 @@ async function api(path, options = {}) {
   return body;
 }
 
-const SECTIONS = ["login", "requests", "detail", "dead"];
+const SECTIONS = ["login", "requests", "detail", "dead", "destinations"];
 
 function show(section) {
   for (const id of SECTIONS) $(id).hidden = id !== section;
   $("sign-out").hidden = section === "login";
-  for (const [nav, active] of [["nav-requests", section === "requests" || section === "detail"], ["nav-dead", section === "dead"]]) {
+  for (const [nav, active] of [
+    ["nav-requests", section === "requests" || section === "detail"],
+    ["nav-dead", section === "dead"],
+    ["nav-destinations", section === "destinations"],
+  ]) {
     $(nav).classList.toggle("active", active);
   }
 }
@@ -108,7 +112,7 @@ async function loadRequests(append) {
       el("td", {}, el("a", { href: "#/requests/" + r.id }, r.id)),
       el("td", {}, r.received_at),
       el("td", {}, r.source),
-      el("td", {}, r.verdict + (r.reason ? " (" + r.reason + ")" : "")),
+      el("td", {}, verdictText(r)),
       el("td", {}, r.status),
       el("td", { class: "keys" }, (r.keys || []).join(" ")),
       el("td", { class: "num" }, r.body_len),
@@ -121,6 +125,13 @@ async function loadRequests(append) {
   list.cursor = page.next_cursor;
   $("more").hidden = !page.next_cursor;
   $("requests-empty").hidden = rows.children.length > 0;
+}
+
+/** The verdict with its refusal code, or a conflict's decision. */
+function verdictText(r) {
+  if (r.reason) return r.verdict + " (" + r.reason + ")";
+  if (r.decision) return r.verdict + " (" + r.decision.action + ")";
+  return r.verdict;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,7 +286,11 @@ async function showDetail(id) {
   fact(facts, "id", detail.id);
   fact(facts, "received", detail.received_at);
   fact(facts, "source", detail.source);
-  fact(facts, "verdict", detail.verdict + (detail.reason ? " (" + detail.reason + ")" : ""));
+  fact(facts, "verdict", verdictText(detail));
+  if (detail.decision) {
+    const d = detail.decision;
+    fact(facts, "decision", `${d.action} at ${d.at}` + (d.reason ? ": " + d.reason : ""));
+  }
   fact(facts, "answered", detail.status);
   fact(facts, "event keys", (detail.keys || []).join(" "));
   fact(facts, "peer", detail.peer);
@@ -300,7 +315,13 @@ async function showDetail(id) {
   for (const d of detail.deliveries) deliveries.append(deliveryBlock(d, detail.id));
   if (detail.deliveries.length === 0) deliveries.append(el("p", { class: "empty" }, "None queued by this request."));
   const redeliver = $("redeliver");
-  redeliver.hidden = (detail.keys || []).length === 0;
+  const dismissed = detail.decision && detail.decision.action === "dismissed";
+  redeliver.hidden = (detail.keys || []).length === 0 || dismissed;
+  // An undecided conflict can be dismissed instead of released.
+  $("dismiss-box").hidden = !(detail.verdict === "conflict" && !detail.decision);
+  $("dismiss").dataset.armed = "";
+  $("dismiss").textContent = "Dismiss";
+  $("dismiss-reason").value = "";
   redeliver.dataset.armed = "";
   // A conflict goes out as a new event, under a key of its own: say so on the button.
   redeliver.dataset.label = detail.verdict === "conflict" ? "Release as a new event" : "Redeliver";
@@ -326,6 +347,34 @@ async function redeliver() {
     const res = await api(`/v1/requests/${id}/redeliver`, { method: "POST" });
     $("action-result").textContent = "queued " + (res.deliveries || []).join(", ");
     await showDetail(id);
+  } catch (err) {
+    if (!(err instanceof Unauthorized)) showError(err.message);
+  }
+}
+
+/** Dismiss asks twice, as Redeliver does. */
+async function dismiss() {
+  const button = $("dismiss");
+  const id = $("detail").dataset.id;
+  if (!button.dataset.armed) {
+    button.dataset.armed = "yes";
+    button.textContent = "Click again: this body will never be processed";
+    setTimeout(() => {
+      button.dataset.armed = "";
+      button.textContent = "Dismiss";
+    }, 5000);
+    return;
+  }
+  button.dataset.armed = "";
+  const reason = $("dismiss-reason").value.trim();
+  try {
+    await api(`/v1/requests/${id}/dismiss`, {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(reason ? { reason } : {}),
+    });
+    await showDetail(id);
+    $("action-result").textContent = "dismissed";
   } catch (err) {
     if (!(err instanceof Unauthorized)) showError(err.message);
   }
@@ -357,6 +406,60 @@ async function loadDead() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Destinations
+
+/** Fetches the destinations; shows the banner naming the disabled ones. */
+async function loadDestinations() {
+  const page = await api("/v1/destinations");
+  const disabled = page.items.filter((d) => !d.enabled);
+  const banner = $("disabled-banner");
+  banner.hidden = disabled.length === 0;
+  banner.textContent = disabled
+    .map((d) => `Destination ${d.name} is disabled since ${d.disabled_at} (${d.disabled_reason}): its deliveries wait.`)
+    .join(" ");
+  return page.items;
+}
+
+async function showDestinations() {
+  const items = await loadDestinations();
+  const rows = $("destination-rows");
+  rows.replaceChildren();
+  for (const d of items) {
+    const action = d.enabled ? "disable" : "enable";
+    const button = el("button", { type: "button", class: "small", "data-action": action }, d.enabled ? "Disable" : "Enable");
+    button.addEventListener("click", async () => {
+      // Disabling holds every delivery: it asks twice. Enabling sends what waited: once.
+      if (action === "disable" && !button.dataset.armed) {
+        button.dataset.armed = "yes";
+        button.textContent = "Click again to hold its deliveries";
+        return;
+      }
+      button.disabled = true;
+      try {
+        const res = await api(`/v1/destinations/${encodeURIComponent(d.name)}/${action}`, { method: "POST" });
+        await showDestinations();
+        $("destinations-result").textContent =
+          action === "enable" ? `${d.name} enabled; ${res.woken} due now` : `${d.name} disabled`;
+      } catch (err) {
+        if (!(err instanceof Unauthorized)) showError(err.message);
+      }
+    });
+    rows.append(
+      el(
+        "tr",
+        { "data-destination": d.name },
+        el("td", {}, d.name),
+        el("td", {}, d.kind),
+        el("td", {}, d.enabled ? "enabled" : "disabled"),
+        el("td", {}, d.disabled_at || ""),
+        el("td", {}, d.disabled_reason || ""),
+        el("td", {}, button),
+      ),
+    );
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Routing
 
 async function route() {
@@ -369,8 +472,15 @@ async function route() {
     if (detail) return await showDetail(detail[1]);
     if (hash === "#/dead") {
       show("dead");
+      await loadDestinations();
       return await loadDead();
     }
+    if (hash === "#/destinations") {
+      show("destinations");
+      $("destinations-result").textContent = "";
+      return await showDestinations();
+    }
+    loadDestinations().catch(() => {});
     show("requests");
     await loadRequests(false);
   } catch (err) {
@@ -400,6 +510,7 @@ function start() {
     if (!(err instanceof Unauthorized)) showError(err.message);
   }));
   $("redeliver").addEventListener("click", redeliver);
+  $("dismiss").addEventListener("click", dismiss);
   $("body-view").addEventListener("click", () => {
     const pre = $("detail-body");
     pre.dataset.view = pre.dataset.view === "raw" ? "" : "raw";
