@@ -319,7 +319,10 @@ Examples:
 Every call queues anew (nothing is swallowed as a duplicate); the handler sees the same
 Idempotency-Key as the first delivery, so a guarded handler changes nothing. A conflict (the
 same event id with a different body, never processed) is released this way as a new event,
-under its own key: {source}:{key}:req_N.")]
+under its own key: {source}:{key}:req_N; a dismissed conflict is not.
+
+Exit status: 0 when queued, 1 when the gateway refused (nothing to redeliver, a dismissed
+conflict), 2 when it could not be asked.")]
     Redeliver {
         /// The request (req_N), as listed by the admin API.
         #[arg(value_name = "REQUEST")]
