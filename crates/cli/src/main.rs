@@ -51,6 +51,11 @@ requests in flight finish, deliveries in flight finish or are handed back.")]
         /// The TOML configuration file (defaults apply without one).
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Start even when the PostgreSQL store's settings can lose acknowledged events
+        /// (fsync, full_page_writes or synchronous_commit off): a warning at every start and
+        /// the gauge hooklatch_unsafe_durability = 1. For throwaway test databases only.
+        #[arg(long, env = "HOOKLATCH_ALLOW_UNSAFE_DURABILITY")]
+        allow_unsafe_durability: bool,
     },
     /// Send a realistic, signed test event to a gateway (or any handler), as the provider would.
     #[command(after_help = "\
@@ -734,8 +739,14 @@ enum Outcome {
 fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let env: HashMap<String, String> = std::env::vars().collect();
     match cli.command {
-        Command::Serve { config } => {
-            let settings = config::load(config.as_deref(), &env)?;
+        Command::Serve {
+            config,
+            allow_unsafe_durability,
+        } => {
+            let mut settings = config::load(config.as_deref(), &env)?;
+            if allow_unsafe_durability {
+                settings.store.allow_unsafe_durability();
+            }
             init_tracing(settings.log_format);
             let cpus = std::thread::available_parallelism().map_or(1, usize::from);
             let runtime = tokio::runtime::Builder::new_multi_thread()

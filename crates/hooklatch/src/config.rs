@@ -178,6 +178,20 @@ pub enum DestinationKind {
     },
 }
 
+impl StoreSettings {
+    /// Lets the store start on settings that can lose acknowledged events (`serve
+    /// --allow-unsafe-durability`): on PostgreSQL, as `allow_unsafe_durability=true` in the
+    /// URL does. SQLite sets its own durability and has nothing to allow.
+    pub fn allow_unsafe_durability(&mut self) {
+        match &mut self.backend {
+            #[cfg(feature = "sqlite")]
+            StoreBackend::Sqlite(_) => {}
+            #[cfg(feature = "postgres")]
+            StoreBackend::Postgres(opts) => opts.allow_unsafe_durability = true,
+        }
+    }
+}
+
 impl DestinationKind {
     /// The kind's stable name: `http`, `amqp` or `listen`.
     pub fn name(&self) -> &'static str {

@@ -165,9 +165,13 @@ async fn open_keys(
     let redis = hooklatch_keys_redis::RedisKeys::connect(&keys.url, &keys.prefix)
         .await
         .context("opening the key store ([store] keys)")?;
-    for warning in redis.check().await {
+    let warnings = redis.check().await;
+    for warning in &warnings {
         tracing::warn!("key store: {warning}");
     }
+    // How many of its settings let Redis forget keys (a forgotten key can only let a
+    // duplicate through, never lose an event): 0 when all is well.
+    metrics::gauge!("hooklatch_key_store_may_forget").set(warnings.len() as f64);
     tracing::info!(
         keys = %hooklatch_keys_redis::describe_url(&keys.url),
         prefix = %keys.prefix,

@@ -375,3 +375,58 @@ async fn an_event_type_with_a_nul_reaches_every_attempt_alike_on_postgres() {
     assert_eq!(types, vec![kept.clone(), kept]);
     db.drop_now().await;
 }
+
+/// A server setting that can lose acknowledged events (`synchronous_commit=off`, seen by the
+/// gateway's own connections through the URL's `options`) stops `serve` at start, naming it;
+/// `--allow-unsafe-durability` (here its variable) lets it start with a warning and the gauge
+/// `hooklatch_unsafe_durability` at 1, which a safe gateway keeps at 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsafe_durability_stops_serve_unless_allowed_and_then_warns_and_sets_the_gauge() {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let safe = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            ..Options::default()
+        },
+    )
+    .await;
+    assert_eq!(safe.metric("hooklatch_unsafe_durability").await, 0.0);
+    drop(safe);
+
+    let off = format!("{}?options=-c%20synchronous_commit%3Doff", db.url());
+    let mut allowed = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(off),
+            extra_env: vec![(
+                "HOOKLATCH_ALLOW_UNSAFE_DURABILITY".to_owned(),
+                "true".to_owned(),
+            )],
+            ..Options::default()
+        },
+    )
+    .await;
+    assert_eq!(allowed.metric("hooklatch_unsafe_durability").await, 1.0);
+    let log = allowed.log();
+    assert!(
+        log.contains("UNSAFE durability settings") && log.contains("synchronous_commit=off"),
+        "{}",
+        allowed.log_tail(20)
+    );
+    let key = allowed.send_stripe_event("stripe", "evt_unsafe").await;
+    allowed.wait_for_delivery_state(&key, "delivered").await;
+
+    // The same config without the switch: refused at start, naming the setting.
+    allowed.reconfigure(|o| o.extra_env.clear());
+    let (status, output) = allowed.serve_beside().await;
+    let status = status.expect("serve exits by itself");
+    assert!(!status.success(), "{output}");
+    assert!(output.contains("synchronous_commit=off"), "{output}");
+    assert!(!output.contains("hooklatch is ready"), "{output}");
+    drop(allowed);
+    db.drop_now().await;
+}

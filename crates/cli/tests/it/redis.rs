@@ -327,6 +327,12 @@ async fn start_up_warns_about_settings_that_forget_keys() {
         "{}",
         gateway.log_tail(20)
     );
+    let expected = usize::from(!persistent) + usize::from(policy != "noeviction");
+    assert_eq!(
+        gateway.metric("hooklatch_key_store_may_forget").await,
+        expected as f64,
+        "the gauge counts the warnings"
+    );
     keys.clean_up().await;
 }
 
