@@ -9,11 +9,14 @@
 //! never followed; and that an event type with a NUL reaches the first attempt and the retry
 //! as the same text (on PostgreSQL too, from `postgres.rs`).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::io::AsyncReadExt;
 
-use crate::support::{stripe_headers, unique, Behaviour, Gateway, Handler, Options};
+use crate::support::{free_port, stripe_headers, unique, Behaviour, Gateway, Handler, Options};
 
 /// The `status` of each attempt in a delivery's history, and their numbers.
 fn history(row: &Value) -> (Vec<Option<u64>>, Vec<u64>) {
@@ -172,4 +175,93 @@ async fn an_event_type_with_a_nul_reaches_every_attempt_alike() {
     let types = event_type_of_each_attempt(Options::default()).await;
     let kept = Some("invoice.\u{fffd}paid".to_owned());
     assert_eq!(types, vec![kept.clone(), kept]);
+}
+
+/// A listener on 127.0.0.1 that takes each connection, reads the request's first bytes and
+/// resets the connection (`SO_LINGER` 0) without answering; its URL and how many it took.
+async fn resetting_listener() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding a listener");
+    let url = format!(
+        "http://{}/webhooks",
+        listener.local_addr().expect("its address")
+    );
+    let taken = Arc::new(AtomicUsize::new(0));
+    let count = taken.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let mut head = [0u8; 64];
+            let _ = stream.read(&mut head).await;
+            let _ = stream.set_zero_linger();
+            drop(stream);
+        }
+    });
+    (url, taken)
+}
+
+/// The attempts that get no answer at all: the destination hangs past the timeout, resets the
+/// connection, or refuses it. Each is an attempt with no status, retried with the same key,
+/// and dead-lettered after `max_attempts` with an error saying what happened and naming no
+/// URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_a_reset_and_a_refused_connection_are_retried_then_dead_lettered_saying_what_happened(
+) {
+    let two = |timeout| Options {
+        max_attempts: 2,
+        timeout,
+        ..Options::default()
+    };
+    let no_status = |row: &Value| {
+        let (statuses, numbers) = history(row);
+        assert_eq!(statuses, [None, None], "{row:#}");
+        assert_eq!(numbers, [1, 2], "{row:#}");
+    };
+
+    // Hangs: the handler answers after 30 s, the timeout is 500 ms.
+    let handler = Handler::start(Behaviour::SlowOk(30_000)).await;
+    let gw = Gateway::start_with(&handler, two("500ms")).await;
+    let key = gw.send_stripe_event("stripe", "evt_hang").await;
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    assert_eq!(dead["last_error"], "timed out after 500ms", "{dead:#}");
+    no_status(&dead);
+    let received = handler.received_for(&key);
+    assert_eq!(received.len(), 2, "both attempts reached the handler");
+    assert!(received.iter().all(|r| r.header("idempotency-key") == key));
+    drop(gw);
+
+    // Resets the connection without an answer.
+    let (url, taken) = resetting_listener().await;
+    let gw = Gateway::start_at(url, two("10s")).await;
+    let key = gw.send_stripe_event("stripe", "evt_reset").await;
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    let error = dead["last_error"].as_str().expect("an error").to_owned();
+    println!("figure: a reset attempt's error: {error}");
+    assert!(
+        error.starts_with("sending the request failed") || error.starts_with("request failed"),
+        "{error}"
+    );
+    assert!(
+        !error.contains("127.0.0.1"),
+        "no address in the error: {error}"
+    );
+    no_status(&dead);
+    assert!(taken.load(Ordering::SeqCst) >= 2, "both attempts connected");
+    drop(gw);
+
+    // Nothing listens on the port: refused.
+    let url = format!("http://127.0.0.1:{}/webhooks", free_port());
+    let gw = Gateway::start_at(url, two("10s")).await;
+    let key = gw.send_stripe_event("stripe", "evt_refused").await;
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    let error = dead["last_error"].as_str().expect("an error").to_owned();
+    println!("figure: a refused attempt's error: {error}");
+    assert!(error.starts_with("connection failed"), "{error}");
+    assert!(error.to_lowercase().contains("refused"), "{error}");
+    assert!(
+        !error.contains("127.0.0.1"),
+        "no address in the error: {error}"
+    );
+    no_status(&dead);
 }

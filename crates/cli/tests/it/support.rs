@@ -613,6 +613,12 @@ impl Gateway {
 
     /// Starts a gateway delivering to `handler`, waiting until `/readyz` says 200.
     pub async fn start_with(handler: &Handler, options: Options) -> Gateway {
+        Gateway::start_at(handler.url(), options).await
+    }
+
+    /// Starts a gateway whose destination `app` is `url` (on 127.0.0.1), waiting until
+    /// `/readyz` says 200.
+    pub async fn start_at(url: String, options: Options) -> Gateway {
         let dir = tempfile::Builder::new()
             .prefix("hooklatch-e2e-")
             .tempdir()
@@ -620,7 +626,7 @@ impl Gateway {
         let mut gateway = Gateway {
             dir,
             options,
-            destination_url: handler.url(),
+            destination_url: url,
             ingest_port: 0,
             admin_port: 0,
             child: Arc::new(Mutex::new(None)),
