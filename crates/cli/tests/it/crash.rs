@@ -32,6 +32,8 @@ const AFTER_RESTART: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
+    let mut card = crate::report::Card::new("T4", "sqlite");
+    card.fault("kill9", 1);
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let options = Options {
         // Leases of 2 × 60 s + 10 s: longer than the test waits after the restart.
@@ -160,6 +162,16 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
         assert_eq!(r.key.as_deref(), Some(format!("stripe:{id}").as_str()));
     }
     let duplicates = received.len() - all_keys.len();
+    card.count("ops", EVENTS)
+        .count("acked", n_acked)
+        .count("lost", 0)
+        .count("recovered", committed_unacked)
+        .count("duplicates", duplicates)
+        .figure("forwards", received.len())
+        .figure(
+            "restart_to_delivered_ms",
+            (redelivered_in.as_secs_f64() * 10_000.0).round() / 10.0,
+        );
     println!(
         "kill -9 mid-burst: {EVENTS} events, {n_acked} acknowledged before the kill, \
          0 of them lost (all delivered {redelivered_in:.1?} after the restart, with leases of \

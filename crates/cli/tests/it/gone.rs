@@ -52,6 +52,8 @@ const DISABLED: &str = "hooklatch_destination_disabled{destination=\"app\"}";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_410_disables_the_destination_and_its_deliveries_wait_until_it_is_enabled() {
+    let mut card = crate::report::Card::new("T14", "sqlite");
+    card.fault("gone_410", 1).fault("kill9", 1);
     let handler = Handler::start(Behaviour::Gone).await;
     let mut gw = Gateway::start(&handler).await;
     assert_eq!(app(&gw).await["enabled"], true);
@@ -127,6 +129,9 @@ async fn a_410_disables_the_destination_and_its_deliveries_wait_until_it_is_enab
     assert_eq!(received[0].body, received[1].body);
     assert_eq!(app(&gw).await["enabled"], true);
     assert_eq!(gw.metric(DISABLED).await, 0.0);
+    card.count("acked", 3)
+        .count("lost", 0)
+        .count("duplicates", 0);
 
     // Enabling what is not disabled: exit 1, the API's 409.
     let (code, _, err) = cli(&gw, &["enable", "app"]);
@@ -229,6 +234,7 @@ async fn an_operator_disables_and_enables_a_destination_and_mistakes_are_refused
 /// hears: every event arrives once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_an_enable_on_another_instance_wakes_what_this_one_held() {
+    let mut card = crate::report::Card::new("T14", "postgres");
     let Some(db) =
         crate::postgres::Database::create(&crate::support::unique("hooklatch_e2e")).await
     else {
@@ -302,7 +308,10 @@ async fn on_postgres_an_enable_on_another_instance_wakes_what_this_one_held() {
         "each event delivered once after the enable"
     );
     let put_back = a.metric(WAITS).await - held;
-    println!("figure: {put_back} deliveries put back by the instance that had not heard yet");
+    card.count("acked", keys.len())
+        .count("lost", 0)
+        .fault("gone_410", 1)
+        .figure("put_back_before_hearing", put_back as u64);
     eventually("the delivering instance knows it is enabled", async || {
         a.metric(DISABLED).await == 0.0
     })

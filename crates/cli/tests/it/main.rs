@@ -10,6 +10,7 @@
 
 #[path = "../common/example_bin.rs"]
 mod example_bin;
+mod report;
 mod support;
 #[path = "../common/test_database.rs"]
 mod test_database;

@@ -62,6 +62,7 @@ async fn post_until_answered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_event() {
+    let mut card = crate::report::Card::new("T1", "postgres");
     let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
@@ -113,6 +114,12 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
         forwarded_twice.is_empty(),
         "forwarded more than once: {forwarded_twice:?}"
     );
+    card.count("ops", IDS * COPIES)
+        .count("acked", IDS)
+        .count("duplicates", handler.total() - IDS)
+        .figure("instances", 3)
+        .figure("forwards", handler.total())
+        .figure("retried_503", n_503);
     println!(
         "T1 postgres×3: ids={IDS} copies={COPIES} forwards={} 503s_retried={}",
         handler.total(),
@@ -124,6 +131,7 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
+    let mut card = crate::report::Card::new("T13", "postgres");
     let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
@@ -204,6 +212,13 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
         async || gateways[1].deliveries("state=pending").await.is_empty(),
     )
     .await;
+    card.count("ops", EVENTS)
+        .count("acked", acked.len())
+        .count("lost", lost)
+        .count("duplicates", handler.total() - seen.len())
+        .fault("kill9", 1)
+        .figure("forwards", handler.total())
+        .figure("retried_503", n_503.load(Ordering::Relaxed));
     println!(
         "T13 postgres×3 kill -9: acked={} lost={lost} forwards={} duplicates={} 503s_retried={}",
         acked.len(),

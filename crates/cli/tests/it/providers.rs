@@ -80,6 +80,7 @@ fn is_signature_header(name: &str) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_provider_refuses_forgeries_and_delivers_each_event_once() {
+    let mut card = crate::report::Card::new("T16", "sqlite");
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let gateway = Gateway::start_with(&handler, options()).await;
     let ingest = gateway.ingest();
@@ -169,6 +170,9 @@ async fn every_provider_refuses_forgeries_and_delivers_each_event_once() {
     );
     let rejected = gateway.requests("verdict=rejected").await;
     assert!(rejected.len() >= 3 * 20, "every refusal is in history");
+    card.count("acked", per_key.len())
+        .count("duplicates", 0)
+        .figure("refusals_recorded", rejected.len());
     println!(
         "providers: {} events delivered once each, {} refusals recorded",
         per_key.len(),

@@ -104,6 +104,7 @@ impl Keys {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
+    let mut card = crate::report::Card::new("T1", "redis");
     let Some(keys) = Keys::open().await else {
         return;
     };
@@ -166,6 +167,11 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
         ttl > retention_ms - 600_000 && ttl <= retention_ms,
         "TTL {ttl} ms ≈ Stripe's 35-day retention"
     );
+    card.count("ops", IDS * COPIES)
+        .count("acked", IDS)
+        .count("duplicates", handler.total() - IDS)
+        .figure("forwards", handler.total())
+        .figure("in_flight_or_503_retried", retried);
     println!(
         "redis mode: ids={IDS} copies={COPIES} forwards={} in_flight_or_503_retried={}",
         handler.total(),

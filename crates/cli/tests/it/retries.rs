@@ -208,6 +208,10 @@ async fn resetting_listener() -> (String, Arc<AtomicUsize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hang_a_reset_and_a_refused_connection_are_retried_then_dead_lettered_saying_what_happened(
 ) {
+    let mut card = crate::report::Card::new("T14", "sqlite");
+    card.fault("hang", 2)
+        .fault("reset_peer", 2)
+        .fault("refused", 2);
     let two = |timeout| Options {
         max_attempts: 2,
         timeout,
@@ -264,4 +268,5 @@ async fn a_hang_a_reset_and_a_refused_connection_are_retried_then_dead_lettered_
         "no address in the error: {error}"
     );
     no_status(&dead);
+    card.count("ops", 3).count("dlq", 3).count("lost", 0);
 }

@@ -18,6 +18,7 @@ const AFTER_FULL: usize = 5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_store_answers_503_and_never_2xx_for_an_event_it_did_not_keep() {
+    let mut card = crate::report::Card::new("T3", "sqlite");
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     // The schema's size, measured rather than assumed, then a cap of 24 more pages of 4 KiB:
     // room for a handful of 8 KiB events.
@@ -88,6 +89,12 @@ async fn a_full_store_answers_503_and_never_2xx_for_an_event_it_did_not_keep() {
             assert!(!seen.contains(&format!("stripe:{event_id}")), "{event_id}");
         }
     }
+    card.count("ops", answered.len())
+        .count("acked", accepted.len())
+        .count("lost", 0)
+        .fault("disk_full", 1)
+        .figure("cap_pages", cap)
+        .figure("first_503_at_event", first_full);
     println!(
         "store full: cap {cap} pages, {} events accepted, first 503 at event {first_full}",
         accepted.len()

@@ -1,0 +1,119 @@
+//! The report card (RELIABILITY.md, "Report card"): one JSON line per reliability test run,
+//! printed and appended to `$HOOKLATCH_REPORT` (default `target/reliability/report.jsonl`
+//! beside the build). A test makes its [`Card`] when it starts and fills in its counts as it
+//! learns them; the line is written when the card is dropped, with `"pass": false` if the test
+//! is panicking then, so a failed run leaves its counts too.
+//!
+//! ```text
+//! {"test":"T4","tier":"ci","backend":"sqlite","seed":null,"commit":"<sha>","ops":1000,
+//!  "acked":300,"lost":0,"duplicates":11,"faults":{"kill9":1},"figures":{…},"pass":true}
+//! ```
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use serde_json::{json, Map, Value};
+
+/// One test's line on the report card.
+pub struct Card {
+    line: Map<String, Value>,
+    faults: Map<String, Value>,
+    figures: Map<String, Value>,
+}
+
+impl Card {
+    /// A card for test `test` (`"T4"`) on `backend` (`"sqlite"`, `"postgres"`, `"redis"`).
+    pub fn new(test: &str, backend: &str) -> Card {
+        let mut line = Map::new();
+        line.insert("test".into(), json!(test));
+        line.insert(
+            "tier".into(),
+            json!(std::env::var("HOOKLATCH_TIER").unwrap_or_else(|_| "ci".to_owned())),
+        );
+        line.insert("backend".into(), json!(backend));
+        // No test draws from a seed yet: every load is fixed in its code.
+        line.insert("seed".into(), Value::Null);
+        line.insert("commit".into(), json!(commit()));
+        Card {
+            line,
+            faults: Map::new(),
+            figures: Map::new(),
+        }
+    }
+
+    /// Sets a count at the top level (`ops`, `acked`, `lost`, `duplicates`, `dlq`, …).
+    pub fn count(&mut self, name: &str, n: usize) -> &mut Card {
+        self.line.insert(name.into(), json!(n));
+        self
+    }
+
+    /// Sets how many faults of a kind were injected (`kill9`, `sigterm`, `reset`, …).
+    pub fn fault(&mut self, name: &str, n: usize) -> &mut Card {
+        self.faults.insert(name.into(), json!(n));
+        self
+    }
+
+    /// Sets one of the test's figures.
+    pub fn figure(&mut self, name: &str, value: impl Into<Value>) -> &mut Card {
+        self.figures.insert(name.into(), value.into());
+        self
+    }
+}
+
+impl Drop for Card {
+    fn drop(&mut self) {
+        let mut line = std::mem::take(&mut self.line);
+        line.insert(
+            "faults".into(),
+            Value::Object(std::mem::take(&mut self.faults)),
+        );
+        line.insert(
+            "figures".into(),
+            Value::Object(std::mem::take(&mut self.figures)),
+        );
+        line.insert("pass".into(), json!(!std::thread::panicking()));
+        let text = Value::Object(line).to_string();
+        println!("report: {text}");
+        let path = report_path();
+        if let Some(dir) = path.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut file| writeln!(file, "{text}"));
+        if let Err(err) = written {
+            eprintln!("could not append to {}: {err}", path.display());
+        }
+    }
+}
+
+/// Where the lines go: `$HOOKLATCH_REPORT`, else `reliability/report.jsonl` in the build's
+/// target directory (the parent of this test binary's temporary directory).
+fn report_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("HOOKLATCH_REPORT") {
+        return PathBuf::from(path);
+    }
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    tmp.parent()
+        .unwrap_or(&tmp)
+        .join("reliability")
+        .join("report.jsonl")
+}
+
+/// The commit under test: `$HOOKLATCH_COMMIT`, else what git says, else "unknown".
+fn commit() -> String {
+    if let Ok(commit) = std::env::var("HOOKLATCH_COMMIT") {
+        return commit;
+    }
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        .filter(|sha| !sha.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
