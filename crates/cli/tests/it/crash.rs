@@ -204,3 +204,101 @@ async fn a_second_serve_on_a_sqlite_file_already_served_is_refused() {
         .await;
     assert_eq!(status, 200, "{json}");
 }
+
+/// How many times the T15 test kills the gateway after its handler did the work.
+const CRASHES_AFTER_WORK: usize = 10;
+
+/// T15: the gateway dies after the application did the work and before the attempt was
+/// recorded (the handler kills it with SIGKILL while the attempt waits for its answer). After
+/// each restart the delivery comes again, once, with the same `Idempotency-Key`: a handler that
+/// keys its effect on it makes one effect per event, a naive one two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_with_the_same_key() {
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use std::collections::HashMap;
+
+    #[derive(Default)]
+    struct App {
+        /// The gateway to kill on an event's first delivery.
+        kill: Mutex<Option<crate::support::KillSwitch>>,
+        /// Deliveries by Idempotency-Key, with the `hooklatch-attempt` each carried.
+        seen: Mutex<HashMap<String, Vec<String>>>,
+        /// The test heard the event's 2xx: the kill cannot cut the ingest's answer.
+        acked: Notify,
+    }
+    async fn deliver(State(app): State<Arc<App>>, headers: HeaderMap) -> StatusCode {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let first = {
+            let mut seen = app.seen.lock().expect("seen lock");
+            let attempts = seen.entry(header("idempotency-key")).or_default();
+            attempts.push(header("hooklatch-attempt"));
+            attempts.len() == 1
+        };
+        // The work is done (counted above); the gateway dies before it hears the answer.
+        if first {
+            app.acked.notified().await;
+            if let Some(kill) = app.kill.lock().expect("kill lock").as_ref() {
+                kill.fire();
+            }
+        }
+        StatusCode::OK
+    }
+
+    let mut card = crate::report::Card::new("T15", "sqlite");
+    let app = Arc::new(App::default());
+    let router = axum::Router::new()
+        .route("/webhooks", axum::routing::post(deliver))
+        .with_state(app.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the handler");
+    let url = format!(
+        "http://{}/webhooks",
+        listener.local_addr().expect("address")
+    );
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let mut gw = Gateway::start_at(url, Options::default()).await;
+    *app.kill.lock().expect("kill lock") = Some(gw.kill_switch());
+
+    let mut keys = Vec::new();
+    for _ in 0..CRASHES_AFTER_WORK {
+        let key = gw.send_stripe_event("stripe", "evt_after_work").await;
+        app.acked.notify_one();
+        let status = gw.wait_exit().await;
+        assert!(!status.success(), "killed by the handler: {status}");
+        gw.restart().await;
+        let row = gw.wait_for_delivery_state(&key, "delivered").await;
+        // The killed attempt was never recorded: the one that counts is the second.
+        assert_eq!(row["attempts"], 1, "{row:#}");
+        keys.push(key);
+    }
+    *app.kill.lock().expect("kill lock") = None;
+
+    let seen = app.seen.lock().expect("seen lock").clone();
+    assert_eq!(seen.len(), CRASHES_AFTER_WORK, "{seen:#?}");
+    for key in &keys {
+        assert_eq!(
+            seen[key],
+            ["1", "1"],
+            "{key}: exactly one extra delivery, the same key, attempt 1 again"
+        );
+    }
+    let naive_effects: usize = seen.values().map(Vec::len).sum();
+    let keyed_effects = seen.len();
+    assert_eq!(naive_effects, 2 * CRASHES_AFTER_WORK);
+    card.count("ops", CRASHES_AFTER_WORK)
+        .count("acked", CRASHES_AFTER_WORK)
+        .count("lost", 0)
+        .count("duplicates", naive_effects - keyed_effects)
+        .fault("kill9", CRASHES_AFTER_WORK)
+        .figure("double_effects", 0)
+        .figure("naive_double_effects", naive_effects - keyed_effects)
+        .figure("extra_deliveries_per_crash", 1);
+}

@@ -97,6 +97,15 @@ impl Listener {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process has exited (reaping it if so).
+    fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
+    }
 }
 
 impl Drop for Listener {
@@ -417,4 +426,109 @@ async fn on_postgres_two_instances_deliver_to_the_one_listener() {
     drop(listener);
     drop((a, b));
     db.drop_now().await;
+}
+
+/// How many times the T15 test kills the listener after the local app did the work.
+const LISTENERS_KILLED_AFTER_WORK: usize = 5;
+
+/// T15 for `listen`: the listener dies after the local app did the work and before it
+/// reported the answer (the app kills it with SIGKILL while the listener waits for the
+/// answer). The gateway counts that attempt failed, and the next listener gets the delivery
+/// again, once, with the same `Idempotency-Key`: a key-guarded effect happens once per event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_with_the_same_key() {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode};
+    use tokio::sync::Notify;
+
+    #[derive(Default)]
+    struct LocalApp {
+        /// The listener to kill on an event's first delivery.
+        listener: Mutex<Option<u32>>,
+        /// Deliveries by Idempotency-Key, with the `hooklatch-attempt` each carried.
+        seen: Mutex<HashMap<String, Vec<String>>>,
+        /// The test heard the event's 2xx.
+        acked: Notify,
+    }
+    async fn deliver(State(app): State<Arc<LocalApp>>, headers: HeaderMap) -> StatusCode {
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let first = {
+            let mut seen = app.seen.lock().expect("seen lock");
+            let attempts = seen.entry(header("idempotency-key")).or_default();
+            attempts.push(header("hooklatch-attempt"));
+            attempts.len() == 1
+        };
+        if first {
+            app.acked.notified().await;
+            let pid = *app.listener.lock().expect("listener lock");
+            if let Some(pid) = pid {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+        StatusCode::OK
+    }
+
+    let mut card = crate::report::Card::new("T15", "listen");
+    let local = Arc::new(LocalApp::default());
+    let router = axum::Router::new()
+        .route("/webhooks", axum::routing::post(deliver))
+        .with_state(local.clone());
+    let bound = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binding the local app");
+    let url = format!("http://{}/webhooks", bound.local_addr().expect("address"));
+    tokio::spawn(async move { axum::serve(bound, router).await });
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(&app, options(5)).await;
+
+    let mut keys = Vec::new();
+    let mut listener = Listener::start(&gw, LISTEN_TOKEN, &url);
+    for _ in 0..LISTENERS_KILLED_AFTER_WORK {
+        *local.listener.lock().expect("listener lock") = Some(listener.pid());
+        eventually("the listener connects", async || {
+            listener.output().contains("connected")
+        })
+        .await;
+        let key = send(&gw, "evt_listen_after_work").await.key;
+        local.acked.notify_one();
+        wait_until("the local app kills the listener", || listener.exited()).await;
+        // The next listener gets the event again (and is the one killed next time).
+        listener = Listener::start(&gw, LISTEN_TOKEN, &url);
+        *local.listener.lock().expect("listener lock") = Some(listener.pid());
+        let row = gw.wait_for_delivery_state(&key, "delivered").await;
+        assert_eq!(
+            row["attempts"], 2,
+            "the killed attempt failed, the next one delivered: {row:#}"
+        );
+        keys.push(key);
+    }
+    *local.listener.lock().expect("listener lock") = None;
+    drop(listener);
+
+    let seen = local.seen.lock().expect("seen lock").clone();
+    assert_eq!(seen.len(), LISTENERS_KILLED_AFTER_WORK, "{seen:#?}");
+    for key in &keys {
+        assert_eq!(
+            seen[key],
+            ["1", "2"],
+            "{key}: exactly one extra delivery, the same key"
+        );
+    }
+    let naive_effects: usize = seen.values().map(Vec::len).sum();
+    card.count("ops", LISTENERS_KILLED_AFTER_WORK)
+        .count("acked", LISTENERS_KILLED_AFTER_WORK)
+        .count("lost", 0)
+        .count("duplicates", naive_effects - seen.len())
+        .fault("kill9", LISTENERS_KILLED_AFTER_WORK)
+        .figure("double_effects", 0)
+        .figure("naive_double_effects", naive_effects - seen.len());
 }
