@@ -719,6 +719,9 @@ fn duration_arg(s: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    // Crash points for the end-to-end crash matrix: only in a binary built with the
+    // `failpoints` feature (the tests'); nothing is read otherwise.
+    let _crash_points = hooklatch::core::crash::setup();
     let cli = Cli::parse();
     match run(cli) {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,

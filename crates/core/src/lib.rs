@@ -19,6 +19,7 @@
 //! Meant for reuse: embedders verify provider webhooks with [`provider`] alone.
 #![forbid(unsafe_code)]
 
+pub mod crash;
 pub mod headers;
 pub mod id;
 pub mod keys;

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use hooklatch_core::provider::standard_webhooks::{decode_secret, sign_v1};
 use hooklatch_core::retry::{parse_retry_after, NextAttempt};
 use hooklatch_core::store::{AttemptNext, AttemptResult, DisabledDestination, LeasedDelivery};
-use hooklatch_core::{Store, StoreError, Timestamp};
+use hooklatch_core::{crash, Store, StoreError, Timestamp};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -421,6 +421,7 @@ impl Worker {
             let until = started_at.plus(DISABLED_WAIT);
             return self.unsent(&delivery, started_at, None, AttemptNext::Wait(until));
         }
+        crash::point(crash::WORKER_AFTER_LEASE_BEFORE_SEND);
         let outcome = match &dest.kind {
             DestinationKind::Http { .. } => self
                 .send(&dest, &delivery, attempt, started_at)
@@ -447,6 +448,9 @@ impl Worker {
             },
         };
         let latency = clock.elapsed();
+        if matches!(outcome, Ok((Some(200..=299), _))) {
+            crash::point(crash::WORKER_AFTER_2XX_BEFORE_RECORD);
+        }
         let now = Timestamp::now();
         let (status, error, retry_after) = match outcome {
             // A confirmed publish: no HTTP status.

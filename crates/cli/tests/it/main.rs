@@ -18,6 +18,7 @@ mod test_database;
 mod api_fuzz;
 mod booking;
 mod crash;
+mod failpoints;
 mod forgery;
 mod gone;
 mod hygiene;

@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use bytes::Bytes;
+use hooklatch_core::crash;
 use hooklatch_core::keys::{DoneKey, KeyClaim, KeyState};
 use hooklatch_core::secret::sha256;
 use hooklatch_core::store::{
@@ -301,6 +302,7 @@ async fn accept(
         .and_then(|handoff| handoff.reserve(ingest.most_deliveries(), ingest.request.received_at));
     ingest.lease = reservation.as_ref().map(|r| r.lease.clone());
     let handed_off = reservation.is_some();
+    crash::point(crash::INGEST_BEFORE_COMMIT);
     let result = match (&state.keys, reservation) {
         (None, None) => state.store.ingest(ingest).await.map_err(Refused::Store),
         // Claim, queue, mark done and hand off run in a task of their own: a provider hanging
@@ -327,6 +329,9 @@ async fn accept(
             })
         }
     };
+    if result.is_ok() {
+        crash::point(crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER);
+    }
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(Refused::Store(err)) => {

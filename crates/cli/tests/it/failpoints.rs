@@ -1,0 +1,172 @@
+//! The crash matrix (RELIABILITY.md T3): the gateway aborted at each crash point of ingest and
+//! delivery (`hooklatch_core::crash`), on SQLite and on PostgreSQL, then started again.
+//!
+//! The binary these tests run is built with the `failpoints` feature (the CLI's
+//! dev-dependency turns it on), and `FAILPOINTS=<point>=return` makes the process abort there,
+//! as a power cut or kill -9 would: no answer, no destructor. For each point: the provider's
+//! retry after the restart gets the answer the point implies (`accepted` when the crash came
+//! before the commit, `duplicate` after it), the event is delivered with one outbox row and
+//! one `Idempotency-Key`, and the application sees it once — twice only when the crash came
+//! after its 2xx and before the attempt was recorded, and then with the same key.
+
+use hooklatch_core::crash;
+use serde_json::Value;
+
+use crate::support::{
+    stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler, Options,
+};
+
+/// What a crash at a point leaves, as the provider and the application see it.
+struct Case {
+    point: &'static str,
+    /// The first request gets no answer (the crash comes before it).
+    unanswered: bool,
+    /// The answer to the provider's retry after the restart, when the first had none.
+    retry_answer: &'static str,
+    /// How many times the application receives the event.
+    deliveries: usize,
+}
+
+const CASES: &[Case] = &[
+    Case {
+        point: crash::INGEST_BEFORE_COMMIT,
+        unanswered: true,
+        retry_answer: "accepted",
+        deliveries: 1,
+    },
+    Case {
+        point: crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER,
+        unanswered: true,
+        retry_answer: "duplicate",
+        deliveries: 1,
+    },
+    Case {
+        point: crash::WORKER_AFTER_LEASE_BEFORE_SEND,
+        unanswered: false,
+        retry_answer: "duplicate",
+        deliveries: 1,
+    },
+    Case {
+        point: crash::WORKER_AFTER_2XX_BEFORE_RECORD,
+        unanswered: false,
+        retry_answer: "duplicate",
+        deliveries: 2,
+    },
+];
+
+/// Runs every case on a fresh gateway whose store `store_url` gives (a SQLite file of its own
+/// when `None`).
+async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
+    assert_eq!(
+        CASES.iter().map(|c| c.point).collect::<Vec<_>>(),
+        crash::POINTS,
+        "a case for every crash point"
+    );
+    let mut card = crate::report::Card::new("T3", backend);
+    let mut acked = 0;
+    for case in CASES {
+        let point = case.point;
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let mut gw = Gateway::start_with(
+            &handler,
+            Options {
+                store_url: store_url(),
+                extra_env: vec![("FAILPOINTS".to_owned(), format!("{point}=return"))],
+                // A crashed PostgreSQL instance's leases run out (2 × timeout + 10 s) before
+                // another takes them; SQLite gives them back at the restart.
+                timeout: "1s",
+                ..Options::default()
+            },
+        )
+        .await;
+        let event_id = unique("evt_crash");
+        let key = format!("stripe:{event_id}");
+        let body = stripe_invoice_paid(&event_id, 5000);
+        let headers = stripe_headers(&body);
+
+        let first = gw.ingest().try_post("stripe", &headers, body.clone()).await;
+        if case.unanswered {
+            assert!(
+                first.is_err(),
+                "{point}: no answer before the crash: {first:?}"
+            );
+        } else {
+            let (status, json) = first.expect("an answer");
+            assert_eq!(
+                (status, json["status"].as_str()),
+                (200, Some("accepted")),
+                "{point}"
+            );
+        }
+        let status = gw.wait_exit().await;
+        assert!(!status.success(), "{point}: the process aborted: {status}");
+
+        // Started again without the crash point; the provider sends its retry.
+        gw.reconfigure(|o| o.extra_env.clear());
+        gw.restart().await;
+        let (status, json) = gw.post("stripe", &headers, body.clone()).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some(case.retry_answer)),
+            "{point}: {json}"
+        );
+        acked += 1;
+
+        let row = gw.wait_for_delivery_state(&key, "delivered").await;
+        assert_eq!(
+            gw.deliveries_for(&key).await.len(),
+            1,
+            "{point}: one outbox row"
+        );
+        let received = handler.received_for(&key);
+        assert_eq!(received.len(), case.deliveries, "{point}: {received:#?}");
+        assert!(
+            received
+                .iter()
+                .all(|r| r.body == body && r.header("idempotency-key") == key),
+            "{point}: the same body and key every time"
+        );
+        // An attempt the crash cut was never recorded.
+        assert_eq!(row["attempts"], 1, "{point}: {row:#}");
+        let requests: Vec<Value> = gw.requests(&format!("key={event_id}")).await;
+        let verdicts: Vec<&str> = requests
+            .iter()
+            .filter_map(|r| r["verdict"].as_str())
+            .collect();
+        let expected: &[&str] = match case.retry_answer {
+            "accepted" => &["accepted"],
+            _ => &["duplicate", "accepted"],
+        };
+        assert_eq!(verdicts, expected, "{point}: history, newest first");
+        card.fault(point, 1);
+    }
+    card.count("ops", CASES.len())
+        .count("acked", acked)
+        .count("lost", 0)
+        .count("duplicates", CASES.iter().map(|c| c.deliveries - 1).sum());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_each_point_loses_nothing_and_repeats_only_the_cut_attempt_sqlite() {
+    crash_matrix("sqlite", || None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_at_each_point_loses_nothing_and_repeats_only_the_cut_attempt_postgres() {
+    let mut databases = Vec::new();
+    for _ in CASES {
+        let Some(db) = crate::postgres::Database::create(&unique("hooklatch_e2e")).await else {
+            return;
+        };
+        databases.push(db);
+    }
+    let urls: Vec<String> = databases.iter().map(|db| db.url()).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    crash_matrix("postgres", || {
+        Some(urls[next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)].clone())
+    })
+    .await;
+    for db in databases {
+        db.drop_now().await;
+    }
+}
