@@ -9,11 +9,14 @@
 //!   [`conformance::fixture`] builders its cases use.
 //! - `amqp` (feature `amqp`): a test's own RabbitMQ connection and the broker URL the tests
 //!   share.
+//! - [`proxy`]: a TCP fault proxy that cuts a service off (Toxiproxy's `down`) and lets it
+//!   through again.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod conformance;
 mod memory;
+pub mod proxy;
 
 pub use memory::MemoryStore;
