@@ -273,8 +273,18 @@ fn runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
+/// 64 cases per store and run, times `$HOOKLATCH_SCALE` (`scripts/soak`).
+fn cases() -> u32 {
+    let scale = std::env::var("HOOKLATCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+        .filter(|s| *s >= 1)
+        .unwrap_or(1);
+    64 * scale
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn the_sqlite_store_keeps_the_idempotency_contract(ops in proptest::collection::vec(op(), 1..40)) {

@@ -32,6 +32,10 @@ const AFTER_RESTART: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
+    let (events, kill_after_acks) = (
+        crate::report::scaled(EVENTS),
+        crate::report::scaled(KILL_AFTER_ACKS),
+    );
     let mut card = crate::report::Card::new("T4", "sqlite");
     card.fault("kill9", 1);
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -42,13 +46,13 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
     };
     let mut gw = Gateway::start_with(&handler, options).await;
     let run = unique("evt_crash");
-    let ids: Arc<Vec<String>> = Arc::new((0..EVENTS).map(|i| format!("{run}_{i:04}")).collect());
+    let ids: Arc<Vec<String>> = Arc::new((0..events).map(|i| format!("{run}_{i:04}")).collect());
 
     // 16 senders share the 1,000 events; the one that sees the 300th 2xx kills the gateway at
     // once, so acknowledgements still on their way out are caught in the act.
     let next = Arc::new(AtomicUsize::new(0));
     let n_acked = Arc::new(AtomicUsize::new(0));
-    let acked = Arc::new(Mutex::new(vec![false; EVENTS]));
+    let acked = Arc::new(Mutex::new(vec![false; events]));
     let killed = Arc::new(Notify::new());
     let kill_switch = gw.kill_switch();
     let mut senders = JoinSet::new();
@@ -65,7 +69,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
         senders.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= EVENTS {
+                if i >= events {
                     return;
                 }
                 let body = stripe_invoice_paid(&ids[i], 1000 + i as u64);
@@ -75,7 +79,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
                     if (200..300).contains(&status) {
                         assert_eq!(json["status"], "accepted", "first send of {}", ids[i]);
                         acked.lock().expect("acked lock")[i] = true;
-                        if n_acked.fetch_add(1, Ordering::SeqCst) + 1 == KILL_AFTER_ACKS {
+                        if n_acked.fetch_add(1, Ordering::SeqCst) + 1 == kill_after_acks {
                             kill_switch.fire();
                             killed.notify_one();
                         }
@@ -99,8 +103,8 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
         .collect();
     let n_acked = acked_keys.len();
     assert!(
-        (KILL_AFTER_ACKS..EVENTS).contains(&n_acked),
-        "the kill landed mid-burst: {n_acked} of {EVENTS} acknowledged"
+        (kill_after_acks..events).contains(&n_acked),
+        "the kill landed mid-burst: {n_acked} of {events} acknowledged"
     );
 
     gw.restart().await;
@@ -145,7 +149,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
     )
     .await;
     let rows = gw.deliveries("").await;
-    assert_eq!(rows.len(), EVENTS, "exactly one outbox row per event");
+    assert_eq!(rows.len(), events, "exactly one outbox row per event");
     assert!(
         rows.iter().all(|r| r["state"] == "delivered"),
         "{:#?}",
@@ -162,7 +166,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
         assert_eq!(r.key.as_deref(), Some(format!("stripe:{id}").as_str()));
     }
     let duplicates = received.len() - all_keys.len();
-    card.count("ops", EVENTS)
+    card.count("ops", events)
         .count("acked", n_acked)
         .count("lost", 0)
         .count("recovered", committed_unacked)
@@ -173,7 +177,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
             (redelivered_in.as_secs_f64() * 10_000.0).round() / 10.0,
         );
     println!(
-        "kill -9 mid-burst: {EVENTS} events, {n_acked} acknowledged before the kill, \
+        "kill -9 mid-burst: {events} events, {n_acked} acknowledged before the kill, \
          0 of them lost (all delivered {redelivered_in:.1?} after the restart, with leases of \
          130 s); {committed_unacked} committed but unacknowledged (re-sent, answered \
          duplicate); {} forwards in all, {duplicates} of them repeated deliveries",
@@ -214,6 +218,7 @@ const CRASHES_AFTER_WORK: usize = 10;
 /// keys its effect on it makes one effect per event, a naive one two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_with_the_same_key() {
+    let crashes = crate::report::scaled(CRASHES_AFTER_WORK);
     use axum::extract::State;
     use axum::http::{HeaderMap, StatusCode};
     use std::collections::HashMap;
@@ -268,7 +273,7 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
     *app.kill.lock().expect("kill lock") = Some(gw.kill_switch());
 
     let mut keys = Vec::new();
-    for _ in 0..CRASHES_AFTER_WORK {
+    for _ in 0..crashes {
         let key = gw.send_stripe_event("stripe", "evt_after_work").await;
         app.acked.notify_one();
         let status = gw.wait_exit().await;
@@ -282,7 +287,7 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
     *app.kill.lock().expect("kill lock") = None;
 
     let seen = app.seen.lock().expect("seen lock").clone();
-    assert_eq!(seen.len(), CRASHES_AFTER_WORK, "{seen:#?}");
+    assert_eq!(seen.len(), crashes, "{seen:#?}");
     for key in &keys {
         assert_eq!(
             seen[key],
@@ -292,12 +297,12 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
     }
     let naive_effects: usize = seen.values().map(Vec::len).sum();
     let keyed_effects = seen.len();
-    assert_eq!(naive_effects, 2 * CRASHES_AFTER_WORK);
-    card.count("ops", CRASHES_AFTER_WORK)
-        .count("acked", CRASHES_AFTER_WORK)
+    assert_eq!(naive_effects, 2 * crashes);
+    card.count("ops", crashes)
+        .count("acked", crashes)
         .count("lost", 0)
         .count("duplicates", naive_effects - keyed_effects)
-        .fault("kill9", CRASHES_AFTER_WORK)
+        .fault("kill9", crashes)
         .figure("double_effects", 0)
         .figure("naive_double_effects", naive_effects - keyed_effects)
         .figure("extra_deliveries_per_crash", 1);

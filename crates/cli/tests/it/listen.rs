@@ -437,6 +437,7 @@ const LISTENERS_KILLED_AFTER_WORK: usize = 5;
 /// again, once, with the same `Idempotency-Key`: a key-guarded effect happens once per event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_with_the_same_key() {
+    let kills = crate::report::scaled(LISTENERS_KILLED_AFTER_WORK);
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex};
 
@@ -492,7 +493,7 @@ async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_w
 
     let mut keys = Vec::new();
     let mut listener = Listener::start(&gw, LISTEN_TOKEN, &url);
-    for _ in 0..LISTENERS_KILLED_AFTER_WORK {
+    for _ in 0..kills {
         *local.listener.lock().expect("listener lock") = Some(listener.pid());
         eventually("the listener connects", async || {
             listener.output().contains("connected")
@@ -515,7 +516,7 @@ async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_w
     drop(listener);
 
     let seen = local.seen.lock().expect("seen lock").clone();
-    assert_eq!(seen.len(), LISTENERS_KILLED_AFTER_WORK, "{seen:#?}");
+    assert_eq!(seen.len(), kills, "{seen:#?}");
     for key in &keys {
         assert_eq!(
             seen[key],
@@ -524,11 +525,11 @@ async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_w
         );
     }
     let naive_effects: usize = seen.values().map(Vec::len).sum();
-    card.count("ops", LISTENERS_KILLED_AFTER_WORK)
-        .count("acked", LISTENERS_KILLED_AFTER_WORK)
+    card.count("ops", kills)
+        .count("acked", kills)
         .count("lost", 0)
         .count("duplicates", naive_effects - seen.len())
-        .fault("kill9", LISTENERS_KILLED_AFTER_WORK)
+        .fault("kill9", kills)
         .figure("double_effects", 0)
         .figure("naive_double_effects", naive_effects - seen.len());
 }

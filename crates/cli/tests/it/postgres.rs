@@ -70,9 +70,9 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
     let gateways = three_gateways(&handler, &db, "10s").await;
     let ingests: Vec<Ingest> = gateways.iter().map(Gateway::ingest).collect();
 
-    const IDS: usize = 1_000;
+    let ids_n = crate::report::scaled(1_000);
     const COPIES: usize = 32;
-    let ids: Vec<String> = (0..IDS).map(|i| format!("evt_pg_storm_{i:04}")).collect();
+    let ids: Vec<String> = (0..ids_n).map(|i| format!("evt_pg_storm_{i:04}")).collect();
     // 64 senders; each event's 32 copies go out together, spread over the three instances;
     // a 503 (the wait limit) is retried as a provider does, and counted.
     let (verdicts, n_503) = storm(
@@ -96,7 +96,7 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
     assert_eq!(not_200, 0, "SQL backends answer 200 to every copy");
 
     wait_until_within("every event forwarded", Duration::from_secs(120), || {
-        handler.distinct_keys().len() == IDS
+        handler.distinct_keys().len() == ids_n
     })
     .await;
     eventually_within(
@@ -114,14 +114,14 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
         forwarded_twice.is_empty(),
         "forwarded more than once: {forwarded_twice:?}"
     );
-    card.count("ops", IDS * COPIES)
-        .count("acked", IDS)
-        .count("duplicates", handler.total() - IDS)
+    card.count("ops", ids_n * COPIES)
+        .count("acked", ids_n)
+        .count("duplicates", handler.total() - ids_n)
         .figure("instances", 3)
         .figure("forwards", handler.total())
         .figure("retried_503", n_503);
     println!(
-        "T1 postgres×3: ids={IDS} copies={COPIES} forwards={} 503s_retried={}",
+        "T1 postgres×3: ids={ids_n} copies={COPIES} forwards={} 503s_retried={}",
         handler.total(),
         n_503
     );
@@ -141,7 +141,7 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
     let ingests: Vec<Ingest> = gateways.iter().map(Gateway::ingest).collect();
     let kill = gateways[0].kill_switch();
 
-    const EVENTS: usize = 1_000;
+    let events = crate::report::scaled(1_000);
     let acked: Arc<Mutex<HashSet<String>>> = Arc::default();
     let n_acked = Arc::new(AtomicUsize::new(0));
     let next = Arc::new(AtomicUsize::new(0));
@@ -159,7 +159,7 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
         senders.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= EVENTS {
+                if i >= events {
                     break;
                 }
                 let id = format!("evt_pg_kill_{i:04}");
@@ -212,7 +212,7 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
         async || gateways[1].deliveries("state=pending").await.is_empty(),
     )
     .await;
-    card.count("ops", EVENTS)
+    card.count("ops", events)
         .count("acked", acked.len())
         .count("lost", lost)
         .count("duplicates", handler.total() - seen.len())

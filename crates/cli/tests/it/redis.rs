@@ -112,9 +112,9 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
     let gateway = Gateway::start_with(&handler, keys.options("")).await;
     let ingest = gateway.ingest();
 
-    const IDS: usize = 1_000;
+    let ids_n = crate::report::scaled(1_000);
     const COPIES: usize = 32;
-    let ids: Vec<String> = (0..IDS).map(|i| format!("evt_redis_{i:04}")).collect();
+    let ids: Vec<String> = (0..ids_n).map(|i| format!("evt_redis_{i:04}")).collect();
     // 64 senders; each event's 32 copies go out together. A copy meeting the first in flight
     // gets 409 and is retried as a provider would (so is a 503), and counted.
     let (answers, retried) = storm(
@@ -138,7 +138,7 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
         );
     }
     wait_until_within("every event forwarded", Duration::from_secs(120), || {
-        handler.distinct_keys().len() == IDS
+        handler.distinct_keys().len() == ids_n
     })
     .await;
     eventually_within(
@@ -155,7 +155,7 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
 
     // Every key is done, pointing at an accepted request, for the source's retention.
     let stored = keys.all().await;
-    assert_eq!(stored.len(), IDS, "one Redis key per event");
+    assert_eq!(stored.len(), ids_n, "one Redis key per event");
     let first = keys
         .get(&keys.key("stripe", &ids[0]))
         .await
@@ -167,13 +167,13 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
         ttl > retention_ms - 600_000 && ttl <= retention_ms,
         "TTL {ttl} ms ≈ Stripe's 35-day retention"
     );
-    card.count("ops", IDS * COPIES)
-        .count("acked", IDS)
-        .count("duplicates", handler.total() - IDS)
+    card.count("ops", ids_n * COPIES)
+        .count("acked", ids_n)
+        .count("duplicates", handler.total() - ids_n)
         .figure("forwards", handler.total())
         .figure("in_flight_or_503_retried", retried);
     println!(
-        "redis mode: ids={IDS} copies={COPIES} forwards={} in_flight_or_503_retried={}",
+        "redis mode: ids={ids_n} copies={COPIES} forwards={} in_flight_or_503_retried={}",
         handler.total(),
         retried
     );

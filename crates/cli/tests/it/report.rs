@@ -117,3 +117,14 @@ fn commit() -> String {
         .filter(|sha| !sha.is_empty())
         .unwrap_or_else(|| "unknown".to_owned())
 }
+
+/// A test's size for this run: its CI size `n` times `$HOOKLATCH_SCALE` (a whole number,
+/// default 1; `scripts/soak` sets 10).
+pub fn scaled(n: usize) -> usize {
+    let scale = std::env::var("HOOKLATCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .filter(|s| *s >= 1)
+        .unwrap_or(1);
+    n * scale
+}
