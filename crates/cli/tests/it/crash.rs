@@ -19,7 +19,7 @@ use tokio::task::JoinSet;
 
 use crate::support::{
     eventually_within, stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler,
-    Options, DEADLINE,
+    KillAfterWork, Options, DEADLINE,
 };
 
 const EVENTS: usize = 1000;
@@ -219,63 +219,16 @@ const CRASHES_AFTER_WORK: usize = 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_with_the_same_key() {
     let crashes = crate::report::scaled(CRASHES_AFTER_WORK);
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode};
-    use std::collections::HashMap;
-
-    #[derive(Default)]
-    struct App {
-        /// The gateway to kill on an event's first delivery.
-        kill: Mutex<Option<crate::support::KillSwitch>>,
-        /// Deliveries by Idempotency-Key, with the `hooklatch-attempt` each carried.
-        seen: Mutex<HashMap<String, Vec<String>>>,
-        /// The test heard the event's 2xx: the kill cannot cut the ingest's answer.
-        acked: Notify,
-    }
-    async fn deliver(State(app): State<Arc<App>>, headers: HeaderMap) -> StatusCode {
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let first = {
-            let mut seen = app.seen.lock().expect("seen lock");
-            let attempts = seen.entry(header("idempotency-key")).or_default();
-            attempts.push(header("hooklatch-attempt"));
-            attempts.len() == 1
-        };
-        // The work is done (counted above); the gateway dies before it hears the answer.
-        if first {
-            app.acked.notified().await;
-            if let Some(kill) = app.kill.lock().expect("kill lock").as_ref() {
-                kill.fire();
-            }
-        }
-        StatusCode::OK
-    }
-
     let mut card = crate::report::Card::new("T15", "sqlite");
-    let app = Arc::new(App::default());
-    let router = axum::Router::new()
-        .route("/webhooks", axum::routing::post(deliver))
-        .with_state(app.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binding the handler");
-    let url = format!(
-        "http://{}/webhooks",
-        listener.local_addr().expect("address")
-    );
-    tokio::spawn(async move { axum::serve(listener, router).await });
-    let mut gw = Gateway::start_at(url, Options::default()).await;
-    *app.kill.lock().expect("kill lock") = Some(gw.kill_switch());
+    let app = KillAfterWork::start().await;
+    let mut gw = Gateway::start_at(app.url(), Options::default()).await;
+    let kill = gw.kill_switch();
+    app.set_kill(Some(Box::new(move || kill.fire())));
 
     let mut keys = Vec::new();
     for _ in 0..crashes {
         let key = gw.send_stripe_event("stripe", "evt_after_work").await;
-        app.acked.notify_one();
+        app.acked();
         let status = gw.wait_exit().await;
         assert!(!status.success(), "killed by the handler: {status}");
         gw.restart().await;
@@ -284,9 +237,9 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
         assert_eq!(row["attempts"], 1, "{row:#}");
         keys.push(key);
     }
-    *app.kill.lock().expect("kill lock") = None;
+    app.set_kill(None);
 
-    let seen = app.seen.lock().expect("seen lock").clone();
+    let seen = app.seen();
     assert_eq!(seen.len(), crashes, "{seen:#?}");
     for key in &keys {
         assert_eq!(

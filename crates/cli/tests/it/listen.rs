@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::support::{
     eventually, header, stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour,
-    Gateway, Handler, Options,
+    Gateway, Handler, KillAfterWork, Options,
 };
 
 const LISTEN_TOKEN: &str = "e2e-listen-token-0123456789abcdef";
@@ -438,73 +438,30 @@ const LISTENERS_KILLED_AFTER_WORK: usize = 5;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_with_the_same_key() {
     let kills = crate::report::scaled(LISTENERS_KILLED_AFTER_WORK);
-    use std::collections::HashMap;
-    use std::sync::{Arc, Mutex};
-
-    use axum::extract::State;
-    use axum::http::{HeaderMap, StatusCode};
-    use tokio::sync::Notify;
-
-    #[derive(Default)]
-    struct LocalApp {
-        /// The listener to kill on an event's first delivery.
-        listener: Mutex<Option<u32>>,
-        /// Deliveries by Idempotency-Key, with the `hooklatch-attempt` each carried.
-        seen: Mutex<HashMap<String, Vec<String>>>,
-        /// The test heard the event's 2xx.
-        acked: Notify,
-    }
-    async fn deliver(State(app): State<Arc<LocalApp>>, headers: HeaderMap) -> StatusCode {
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let first = {
-            let mut seen = app.seen.lock().expect("seen lock");
-            let attempts = seen.entry(header("idempotency-key")).or_default();
-            attempts.push(header("hooklatch-attempt"));
-            attempts.len() == 1
-        };
-        if first {
-            app.acked.notified().await;
-            let pid = *app.listener.lock().expect("listener lock");
-            if let Some(pid) = pid {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            }
-        }
-        StatusCode::OK
-    }
-
     let mut card = crate::report::Card::new("T15", "listen");
-    let local = Arc::new(LocalApp::default());
-    let router = axum::Router::new()
-        .route("/webhooks", axum::routing::post(deliver))
-        .with_state(local.clone());
-    let bound = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("binding the local app");
-    let url = format!("http://{}/webhooks", bound.local_addr().expect("address"));
-    tokio::spawn(async move { axum::serve(bound, router).await });
+    let local = KillAfterWork::start().await;
+    let kill_pid = |pid: u32| -> crate::support::Kill {
+        Box::new(move || {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        })
+    };
     let app = Handler::start(Behaviour::AlwaysOk).await;
     let gw = Gateway::start_with(&app, options(5)).await;
 
     let mut keys = Vec::new();
-    let mut listener = Listener::start(&gw, LISTEN_TOKEN, &url);
+    let mut listener = Listener::start(&gw, LISTEN_TOKEN, &local.url());
     for _ in 0..kills {
-        *local.listener.lock().expect("listener lock") = Some(listener.pid());
+        local.set_kill(Some(kill_pid(listener.pid())));
         eventually("the listener connects", async || {
             listener.output().contains("connected")
         })
         .await;
         let key = send(&gw, "evt_listen_after_work").await.key;
-        local.acked.notify_one();
+        local.acked();
         wait_until("the local app kills the listener", || listener.exited()).await;
         // The next listener gets the event again (and is the one killed next time).
-        listener = Listener::start(&gw, LISTEN_TOKEN, &url);
-        *local.listener.lock().expect("listener lock") = Some(listener.pid());
+        listener = Listener::start(&gw, LISTEN_TOKEN, &local.url());
+        local.set_kill(Some(kill_pid(listener.pid())));
         let row = gw.wait_for_delivery_state(&key, "delivered").await;
         assert_eq!(
             row["attempts"], 2,
@@ -512,10 +469,10 @@ async fn a_listener_killed_after_the_local_app_did_the_work_gets_it_again_once_w
         );
         keys.push(key);
     }
-    *local.listener.lock().expect("listener lock") = None;
+    local.set_kill(None);
     drop(listener);
 
-    let seen = local.seen.lock().expect("seen lock").clone();
+    let seen = local.seen();
     assert_eq!(seen.len(), kills, "{seen:#?}");
     for key in &keys {
         assert_eq!(

@@ -1227,3 +1227,96 @@ async fn read_response(stream: &mut tokio::net::TcpStream) -> (u16, Value) {
     let body = &buf[header_end..(header_end + content_length).min(buf.len())];
     (status, serde_json::from_slice(body).unwrap_or(Value::Null))
 }
+
+// ---------------------------------------------------------------------------------------------
+// An application that is killed after its work (T15)
+
+/// A kill as [`KillAfterWork`] fires it: the gateway's [`KillSwitch`], or a `listen` client's.
+pub type Kill = Box<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
+struct AfterWork {
+    /// What to kill on an event's first delivery, once the work is counted.
+    kill: Mutex<Option<Kill>>,
+    /// Deliveries by `Idempotency-Key`, with the `hooklatch-attempt` each carried.
+    seen: Mutex<HashMap<String, Vec<String>>>,
+    /// The test heard the event's 2xx: a kill now cannot cut the ingest's answer.
+    acked: tokio::sync::Notify,
+}
+
+/// An application on 127.0.0.1 that does the work of each event's first delivery (counts it),
+/// then, once the test says the event's 2xx was heard ([`KillAfterWork::acked`]), fires its
+/// kill before answering: what delivered it dies after the work and before it could record the
+/// answer. Later deliveries of a key are answered 200 at once.
+pub struct KillAfterWork {
+    state: Arc<AfterWork>,
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KillAfterWork {
+    pub async fn start() -> KillAfterWork {
+        async fn deliver(State(app): State<Arc<AfterWork>>, headers: HeaderMap) -> StatusCode {
+            let header = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let first = {
+                let mut seen = app.seen.lock().expect("seen lock");
+                let attempts = seen.entry(header("idempotency-key")).or_default();
+                attempts.push(header("hooklatch-attempt"));
+                attempts.len() == 1
+            };
+            if first {
+                app.acked.notified().await;
+                if let Some(kill) = app.kill.lock().expect("kill lock").as_ref() {
+                    kill();
+                }
+            }
+            StatusCode::OK
+        }
+        let state = Arc::new(AfterWork::default());
+        let router = Router::new()
+            .route("/webhooks", axum::routing::post(deliver))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binding the application");
+        let url = format!(
+            "http://{}/webhooks",
+            listener.local_addr().expect("its address")
+        );
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        KillAfterWork { state, url, task }
+    }
+
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// What the next first delivery kills (`None`: nothing).
+    pub fn set_kill(&self, kill: Option<Kill>) {
+        *self.state.kill.lock().expect("kill lock") = kill;
+    }
+
+    /// The test heard an event's 2xx.
+    pub fn acked(&self) {
+        self.state.acked.notify_one();
+    }
+
+    /// Every delivery so far by `Idempotency-Key`, with the `hooklatch-attempt` each carried.
+    pub fn seen(&self) -> HashMap<String, Vec<String>> {
+        self.state.seen.lock().expect("seen lock").clone()
+    }
+}
+
+impl Drop for KillAfterWork {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
