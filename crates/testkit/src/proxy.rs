@@ -1,7 +1,9 @@
 //! A TCP fault proxy for tests: a test points a store, key store, broker or destination URL at
 //! [`FaultProxy::addr`] instead of the service, and cuts the service off at the moment it
-//! chooses. Named after Toxiproxy's `down` toxic, which it plays: while down, every open
-//! connection is closed and new ones are closed as soon as they are accepted.
+//! chooses, in one of two ways Toxiproxy names: `down` (every open connection closed, new ones
+//! closed as soon as they are accepted) or `timeout` with no limit, here [`FaultProxy::stall`]
+//! (connections stay open, nothing gets through either way: a server that stopped answering,
+//! or a network that drops packets).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,10 +13,18 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// What the proxy does with connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Up,
+    Down,
+    Stall,
+}
+
 /// A forwarder from a loopback port to `upstream`, with a switch.
 pub struct FaultProxy {
     addr: SocketAddr,
-    down: watch::Sender<bool>,
+    down: watch::Sender<Mode>,
     accepted: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
@@ -24,23 +34,32 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> std::io::Result<FaultProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let (down, watching) = watch::channel(false);
+        let (down, watching) = watch::channel(Mode::Up);
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = accepted.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 let mut cut = watching.clone();
-                if *cut.borrow_and_update() {
-                    drop(client);
-                    continue;
+                let mode = *cut.borrow_and_update();
+                match mode {
+                    Mode::Down => drop(client),
+                    // Held open, never forwarded; closed once the proxy is up again.
+                    Mode::Stall => {
+                        tokio::spawn(async move {
+                            let _held = client;
+                            let _ = cut.wait_for(|m| *m != Mode::Stall).await;
+                        });
+                    }
+                    Mode::Up => {
+                        tokio::spawn(async move {
+                            let Ok(server) = TcpStream::connect(upstream).await else {
+                                return;
+                            };
+                            forward(client, server, &mut cut).await;
+                        });
+                    }
                 }
-                tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(upstream).await else {
-                        return;
-                    };
-                    forward(client, server, &mut cut).await;
-                });
             }
         });
         Ok(FaultProxy {
@@ -58,12 +77,18 @@ impl FaultProxy {
 
     /// Cuts the service off: open connections are closed, new ones closed on arrival.
     pub fn down(&self) {
-        self.down.send_replace(true);
+        self.down.send_replace(Mode::Down);
     }
 
-    /// Lets connections through again (the ones closed stay closed).
+    /// Stops every byte, both ways, on open connections and new ones, which stay open: the
+    /// other side hears nothing, not even a close, until [`FaultProxy::up`] closes them.
+    pub fn stall(&self) {
+        self.down.send_replace(Mode::Stall);
+    }
+
+    /// Lets connections through again (the ones closed or stalled are closed).
     pub fn up(&self) {
-        self.down.send_replace(false);
+        self.down.send_replace(Mode::Up);
     }
 
     /// How many connections the proxy has accepted, cut ones included.
@@ -75,19 +100,25 @@ impl FaultProxy {
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.task.abort();
-        self.down.send_replace(true);
+        self.down.send_replace(Mode::Down);
     }
 }
 
-/// Copies both ways until either side closes or the proxy goes down.
-async fn forward(mut client: TcpStream, mut server: TcpStream, cut: &mut watch::Receiver<bool>) {
+/// Copies both ways until either side closes or the proxy goes down; while it stalls, copies
+/// nothing and keeps both ends open until it is up again, then closes them.
+async fn forward(mut client: TcpStream, mut server: TcpStream, cut: &mut watch::Receiver<Mode>) {
     let copy = tokio::io::copy_bidirectional(&mut client, &mut server);
     tokio::pin!(copy);
     loop {
         tokio::select! {
             _ = &mut copy => return,
             changed = cut.changed() => {
-                if changed.is_err() || *cut.borrow_and_update() {
+                let mode = *cut.borrow_and_update();
+                if changed.is_err() || mode == Mode::Down {
+                    return;
+                }
+                if mode == Mode::Stall {
+                    let _ = cut.wait_for(|m| *m != Mode::Stall).await;
                     return;
                 }
             }
@@ -148,5 +179,32 @@ mod tests {
             .unwrap();
         assert_eq!(&buf, b"ping");
         assert_eq!(proxy.accepted(), 3);
+
+        // Stalled: the open connection and a new one hear nothing, not even a close.
+        let (open, _) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
+            .await
+            .unwrap();
+        proxy.stall();
+        let silent = |s: TcpStream| async move {
+            let mut s = s;
+            s.write_all(b"ping").await.unwrap();
+            let mut buf = [0u8; 4];
+            tokio::time::timeout(std::time::Duration::from_millis(300), s.read(&mut buf))
+                .await
+                .is_err()
+        };
+        assert!(
+            silent(open).await,
+            "no answer, no close on an open connection"
+        );
+        assert!(
+            silent(TcpStream::connect(proxy.addr()).await.unwrap()).await,
+            "nor on a new one"
+        );
+        proxy.up();
+        let (_, buf) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(&buf, b"ping", "through again once up");
     }
 }

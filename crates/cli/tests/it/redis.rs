@@ -486,3 +486,82 @@ async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recove
     })
     .await;
 }
+
+/// T3, a Redis that stops answering (no reset, no close: the fault proxy stalls every byte):
+/// a new event is answered 503 `key_store_unavailable` once the key store's 2 s response
+/// timeout runs out — never 2xx, never a hang — and `/readyz` says 503; once Redis answers
+/// again, the provider's retry is accepted and the event delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T3", "redis");
+    let mut url = reqwest::Url::parse(&keys.url).expect("the Redis URL");
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
+        url.host_str().expect("a host").to_owned(),
+        url.port().unwrap_or(6379),
+    ))
+    .expect("resolving Redis")
+    .next()
+    .expect("an address");
+    let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
+        .await
+        .expect("starting the fault proxy");
+    url.set_host(Some("127.0.0.1")).expect("a host");
+    url.set_port(Some(proxy.addr().port())).expect("a port");
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut options = keys.options("");
+    options.extra_env[0].1 = url.to_string();
+    let gateway = Gateway::start_with(&handler, options).await;
+    let before = gateway
+        .send_stripe_event("stripe", "evt_before_stall")
+        .await;
+    gateway.wait_for_delivery_state(&before, "delivered").await;
+
+    proxy.stall();
+    let event_id = unique("evt_during_stall");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let headers = stripe_headers(&body);
+    let started = std::time::Instant::now();
+    let res = gateway
+        .ingest()
+        .send("stripe", &headers, body.clone())
+        .await
+        .expect("an answer, not a hang");
+    let answered_in = started.elapsed();
+    assert_eq!(
+        res.status().as_u16(),
+        503,
+        "never 2xx while Redis is silent"
+    );
+    assert!(res.headers().contains_key("retry-after"));
+    let json: serde_json::Value = res.json().await.expect("a JSON error");
+    assert_eq!(json["code"], "key_store_unavailable", "{json}");
+    let (status, json) = gateway.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{json}");
+
+    proxy.up();
+    eventually_within("ready again", Duration::from_secs(60), async || {
+        gateway.admin_get("/readyz").await.0 == 200
+    })
+    .await;
+    let (status, json) = gateway.post("stripe", &headers, body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    let during = format!("stripe:{event_id}");
+    gateway.wait_for_delivery_state(&during, "delivered").await;
+    assert_eq!(handler.count_for(&before), 1);
+    assert_eq!(handler.count_for(&during), 1);
+    card.count("ops", 3)
+        .count("acked", 2)
+        .count("lost", 0)
+        .count("duplicates", 0)
+        .fault("stall", 1)
+        .figure("answered_503_in_ms", answered_in.as_millis() as u64);
+    drop(gateway);
+    keys.clean_up().await;
+}
