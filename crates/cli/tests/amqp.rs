@@ -39,8 +39,8 @@ use test_database::TestDatabase as TestDb;
 use hooklatch_testkit::amqp::{broker_url, header, TestBroker};
 use sqlx::Connection as _;
 use support::{
-    stripe_headers, stripe_invoice_paid, unique, wait_until, wait_until_within, Behaviour, Gateway,
-    Handler, Options, DEADLINE,
+    eventually, stripe_headers, stripe_invoice_paid, unique, wait_until, wait_until_within,
+    Behaviour, Gateway, Handler, Options, DEADLINE,
 };
 
 /// Held for reading by every test that uses the broker, for writing by the one that restarts
@@ -222,6 +222,99 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
     assert_eq!(msg.delivery.data, body);
 
     drop(gw);
+    broker.clean_up().await;
+}
+
+/// A broker that stops answering (the fault proxy stalls every byte, no close): publishes get
+/// no confirm within the destination's timeout and are retried, recorded as failures, never
+/// as delivered; once the broker answers again the publisher connects anew and the event lands,
+/// once, keyed by its event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event_lands_once() {
+    let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
+    let mut broker = TestBroker::connect(&url).await;
+    let exchange = format!("hooklatch-e2e-x-{}", unique("stall"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("stall"));
+    broker.owns(&exchange, &queue);
+    let mut through = reqwest::Url::parse(&url).expect("the broker URL");
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
+        through.host_str().expect("a host").to_owned(),
+        through.port().unwrap_or(5672),
+    ))
+    .expect("resolving the broker")
+    .next()
+    .expect("an address");
+    let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
+        .await
+        .expect("starting the fault proxy");
+    through.set_host(Some("127.0.0.1")).expect("a host");
+    through.set_port(Some(proxy.addr().port())).expect("a port");
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        options_with_retries(
+            through.as_str(),
+            "max_attempts = 50\ninitial_backoff = \"100ms\"\nmax_backoff = \"300ms\"\njitter = 0.0\ntimeout = \"1s\"",
+            &format!(
+                "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+            ),
+        ),
+    )
+    .await;
+    let send = async |prefix: &str| {
+        let event = unique(prefix);
+        let body = stripe_invoice_paid(&event, 5000);
+        let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some("accepted")),
+            "{json}"
+        );
+        format!("stripe:{event}")
+    };
+    let before = send("evt_before_stall").await;
+    gw.wait_for_delivery_state(&before, "delivered").await;
+
+    proxy.stall();
+    let during = send("evt_during_stall").await;
+    eventually("a failed attempt recorded while stalled", async || {
+        gw.deliveries_for(&during).await.first().is_some_and(|row| {
+            row["attempts"].as_u64().unwrap_or(0) >= 1 && !row["last_error"].is_null()
+        })
+    })
+    .await;
+    let failed = gw.deliveries_for(&during).await[0].clone();
+    assert_eq!(failed["state"], "pending", "{failed:#}");
+    let error = failed["last_error"].as_str().unwrap_or_default().to_owned();
+    assert!(!error.is_empty(), "{failed:#}");
+
+    proxy.up();
+    let row = gw.wait_for_delivery_state(&during, "delivered").await;
+    let attempts = row["attempts"].as_u64().unwrap_or(0);
+    assert!(
+        attempts >= 2,
+        "failed while stalled, then delivered: {row:#}"
+    );
+    let mut keys = Vec::new();
+    while let Some(msg) = broker.get_within(&queue, Duration::from_secs(2)).await {
+        keys.push(
+            msg.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(
+        keys,
+        [before, during],
+        "each event once, in order, keyed by its event"
+    );
+    println!("figure: a stalled publish's error: {error}; {attempts} attempts in all");
+    drop(gw);
+    drop(proxy);
     broker.clean_up().await;
 }
 
