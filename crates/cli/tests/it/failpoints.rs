@@ -7,7 +7,9 @@
 //! retry after the restart gets the answer the point implies (`accepted` when the crash came
 //! before the commit, `duplicate` after it), the event is delivered with one outbox row and
 //! one `Idempotency-Key`, and the application sees it once — twice only when the crash came
-//! after its 2xx and before the attempt was recorded, and then with the same key.
+//! after it was sent and before the attempt was recorded (always for the 2xx point; sometimes
+//! for the point after ingest's commit, whose hand-off to the local worker can send it first),
+//! and then with the same key.
 
 use hooklatch_core::crash;
 use serde_json::Value;
@@ -24,7 +26,7 @@ struct Case {
     /// The answer to the provider's retry after the restart, when the first had none.
     retry_answer: &'static str,
     /// How many times the application receives the event.
-    deliveries: usize,
+    deliveries: std::ops::RangeInclusive<usize>,
 }
 
 const CASES: &[Case] = &[
@@ -32,25 +34,28 @@ const CASES: &[Case] = &[
         point: crash::INGEST_BEFORE_COMMIT,
         unanswered: true,
         retry_answer: "accepted",
-        deliveries: 1,
+        deliveries: 1..=1,
     },
     Case {
         point: crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER,
         unanswered: true,
         retry_answer: "duplicate",
-        deliveries: 1,
+        // The commit hands the new delivery to the local worker before the crash point; its
+        // attempt may reach the application before the process dies, unrecorded, and then it
+        // comes again after the restart with the same key.
+        deliveries: 1..=2,
     },
     Case {
         point: crash::WORKER_AFTER_LEASE_BEFORE_SEND,
         unanswered: false,
         retry_answer: "duplicate",
-        deliveries: 1,
+        deliveries: 1..=1,
     },
     Case {
         point: crash::WORKER_AFTER_2XX_BEFORE_RECORD,
         unanswered: false,
         retry_answer: "duplicate",
-        deliveries: 2,
+        deliveries: 2..=2,
     },
 ];
 
@@ -64,6 +69,7 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
     );
     let mut card = crate::report::Card::new("T3", backend);
     let mut acked = 0;
+    let mut duplicates = 0;
     for case in CASES {
         let point = case.point;
         let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -119,7 +125,13 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
             "{point}: one outbox row"
         );
         let received = handler.received_for(&key);
-        assert_eq!(received.len(), case.deliveries, "{point}: {received:#?}");
+        assert!(
+            case.deliveries.contains(&received.len()),
+            "{point}: received {} times, expected {:?}",
+            received.len(),
+            case.deliveries
+        );
+        duplicates += received.len() - 1;
         assert!(
             received
                 .iter()
@@ -143,7 +155,7 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
     card.count("ops", CASES.len())
         .count("acked", acked)
         .count("lost", 0)
-        .count("duplicates", CASES.iter().map(|c| c.deliveries - 1).sum());
+        .count("duplicates", duplicates);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
