@@ -237,24 +237,12 @@ async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event
     let exchange = format!("hooklatch-e2e-x-{}", unique("stall"));
     let queue = format!("hooklatch-e2e-q-{}", unique("stall"));
     broker.owns(&exchange, &queue);
-    let mut through = reqwest::Url::parse(&url).expect("the broker URL");
-    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
-        through.host_str().expect("a host").to_owned(),
-        through.port().unwrap_or(5672),
-    ))
-    .expect("resolving the broker")
-    .next()
-    .expect("an address");
-    let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
-        .await
-        .expect("starting the fault proxy");
-    through.set_host(Some("127.0.0.1")).expect("a host");
-    through.set_port(Some(proxy.addr().port())).expect("a port");
+    let (proxy, through) = support::proxied(&url, 5672).await;
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let gw = Gateway::start_with(
         &handler,
         options_with_retries(
-            through.as_str(),
+            &through,
             "max_attempts = 50\ninitial_backoff = \"100ms\"\nmax_backoff = \"300ms\"\njitter = 0.0\ntimeout = \"1s\"",
             &format!(
                 "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""

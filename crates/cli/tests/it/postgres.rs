@@ -457,19 +457,8 @@ async fn a_postgres_outage_is_503_and_not_ready_never_2xx_then_recovers() {
         return;
     };
     let mut card = crate::report::Card::new("T3", "postgres");
-    let mut url = reqwest::Url::parse(&db.url()).expect("the database URL");
-    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
-        url.host_str().expect("a host").to_owned(),
-        url.port().unwrap_or(5432),
-    ))
-    .expect("resolving the server")
-    .next()
-    .expect("an address");
-    let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
-        .await
-        .expect("starting the fault proxy");
-    url.set_host(Some("127.0.0.1")).expect("a host");
-    url.set_port(Some(proxy.addr().port())).expect("a port");
+    let (proxy, url) = crate::support::proxied(&db.url(), 5432).await;
+    let mut url = reqwest::Url::parse(&url).expect("the proxied URL");
     // A short wait limit: connecting through the cut proxy fails after it plus 5 s.
     url.query_pairs_mut().append_pair("lock_timeout", "1s");
     let handler = Handler::start(Behaviour::AlwaysOk).await;

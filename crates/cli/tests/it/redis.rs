@@ -497,22 +497,10 @@ async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
         return;
     };
     let mut card = crate::report::Card::new("T3", "redis");
-    let mut url = reqwest::Url::parse(&keys.url).expect("the Redis URL");
-    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
-        url.host_str().expect("a host").to_owned(),
-        url.port().unwrap_or(6379),
-    ))
-    .expect("resolving Redis")
-    .next()
-    .expect("an address");
-    let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
-        .await
-        .expect("starting the fault proxy");
-    url.set_host(Some("127.0.0.1")).expect("a host");
-    url.set_port(Some(proxy.addr().port())).expect("a port");
+    let (proxy, url) = crate::support::proxied(&keys.url, 6379).await;
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let mut options = keys.options("");
-    options.extra_env[0].1 = url.to_string();
+    options.extra_env[0].1 = url;
     let gateway = Gateway::start_with(&handler, options).await;
     let before = gateway
         .send_stripe_event("stripe", "evt_before_stall")

@@ -1320,3 +1320,25 @@ impl Drop for KillAfterWork {
         self.task.abort();
     }
 }
+
+/// A fault proxy in front of the service `url` names (`default_port` when it names none), and
+/// `url` rewritten to go through it.
+pub async fn proxied(
+    url: &str,
+    default_port: u16,
+) -> (hooklatch_testkit::proxy::FaultProxy, String) {
+    let mut through = reqwest::Url::parse(url).expect("a service URL");
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
+        through.host_str().expect("a host").to_owned(),
+        through.port().unwrap_or(default_port),
+    ))
+    .expect("resolving the service")
+    .next()
+    .expect("an address");
+    let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
+        .await
+        .expect("starting the fault proxy");
+    through.set_host(Some("127.0.0.1")).expect("a host");
+    through.set_port(Some(proxy.addr().port())).expect("a port");
+    (proxy, through.to_string())
+}
