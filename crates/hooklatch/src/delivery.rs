@@ -452,6 +452,7 @@ impl Worker {
             crash::point(crash::WORKER_AFTER_2XX_BEFORE_RECORD);
         }
         let now = Timestamp::now();
+        let gone = matches!(outcome, Ok((Some(410), _))) && dest.disable_on_gone;
         let (status, error, retry_after) = match outcome {
             // A confirmed publish: no HTTP status.
             Ok((None, _)) => (None, None, None),
@@ -459,7 +460,7 @@ impl Worker {
             Ok((Some(status), retry_after)) => {
                 let error = if (300..400).contains(&status) {
                     format!("HTTP {status}: redirects are not followed")
-                } else if status == 410 && dest.disable_on_gone {
+                } else if gone {
                     self.disable_gone(&dest, now).await;
                     format!(
                         "HTTP 410: the destination is gone; delivery to it is disabled until \
@@ -479,6 +480,11 @@ impl Worker {
         };
         let next = if error.is_none() {
             AttemptNext::Delivered
+        } else if gone {
+            // The 410 is recorded as an attempt, but it never dead-letters the event: it waits
+            // with the rest of the destination's backlog until the destination is enabled,
+            // which wakes it (RELIABILITY.md T14: "its events stay queued").
+            AttemptNext::RetryAt(now.plus(DISABLED_WAIT))
         } else {
             match dest.retry.next(
                 attempt,
