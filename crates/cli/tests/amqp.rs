@@ -26,6 +26,9 @@ mod support;
 
 #[path = "common/example_bin.rs"]
 mod example_bin;
+#[allow(dead_code)]
+#[path = "it/report.rs"]
+mod report;
 #[path = "common/test_database.rs"]
 mod test_database;
 
@@ -157,6 +160,86 @@ async fn one_payment_sent_42_times_is_one_persistent_message_keyed_by_its_event(
     );
     assert_eq!(handler.total(), 0, "nothing went to the HTTP destination");
 
+    drop(gw);
+    broker.clean_up().await;
+}
+
+/// A gateway that dies after RabbitMQ confirmed a publish and before the attempt was
+/// recorded (the crash point `worker_after_publish_before_record`, RELIABILITY.md T10):
+/// started again, it publishes the row once more with the same `message_id`, so the event is
+/// not lost and the extra copy is one a consumer that checks `message_id` drops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_confirmed_publish_publishes_it_again_with_the_same_message_id() {
+    let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
+    let mut broker = TestBroker::connect(&url).await;
+    let exchange = format!("hooklatch-e2e-x-{}", unique("crash"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("crash"));
+    broker.owns(&exchange, &queue);
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let point = hooklatch_core::crash::WORKER_AFTER_PUBLISH_BEFORE_RECORD;
+    let mut options = options(
+        &url,
+        &format!(
+            "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+        ),
+    );
+    options
+        .extra_env
+        .push(("FAILPOINTS".to_owned(), format!("{point}=return")));
+    let mut gw = Gateway::start_with(&handler, options).await;
+
+    let event = unique("evt");
+    let key = format!("stripe:{event}");
+    let body = stripe_invoice_paid(&event, 5000);
+    let headers = stripe_headers(&body);
+    // The publish follows the commit at once: the answer may or may not be written first.
+    let _ = gw.ingest().try_post("stripe", &headers, body.clone()).await;
+    let status = gw.wait_exit().await;
+    assert!(!status.success(), "the process aborted: {status}");
+
+    gw.reconfigure(|o| o.extra_env.retain(|(name, _)| name != "FAILPOINTS"));
+    gw.restart().await;
+    let (status, json) = gw.post("stripe", &headers, body.clone()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("duplicate")),
+        "{json}"
+    );
+    let row = gw.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(
+        row["attempts"], 1,
+        "the cut attempt was never recorded: {row:#}"
+    );
+    for copy in ["the publish the crash cut", "the publish after the restart"] {
+        let msg = broker
+            .get_within(&queue, Duration::from_secs(10))
+            .await
+            .unwrap_or_else(|| panic!("{copy} is in the queue"));
+        assert_eq!(msg.delivery.data, body, "{copy}: the body, byte-exact");
+        assert_eq!(
+            msg.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string()),
+            Some(key.clone()),
+            "{copy}"
+        );
+    }
+    assert!(
+        broker
+            .get_within(&queue, Duration::from_secs(1))
+            .await
+            .is_none(),
+        "a third message"
+    );
+    report::Card::new("T10", "sqlite")
+        .count("ops", 2)
+        .count("acked", 1)
+        .count("lost", 0)
+        .count("duplicates", 1)
+        .fault(point, 1);
     drop(gw);
     broker.clean_up().await;
 }

@@ -3,8 +3,11 @@
 //!
 //! With the `failpoints` feature (on only in the binary the tests build) a point named in the
 //! `FAILPOINTS` environment variable as `name=return` aborts the process there: no destructor,
-//! no flush, no answer. Without the feature, [`point`] compiles to nothing and `FAILPOINTS` is
-//! not read.
+//! no flush, no answer. The ingest points ([`fallible`]) also take `name=return(error)`: the
+//! request then fails there as it would with the store away. The `fail` crate's own actions
+//! work on every point too: `name=sleep(2000)` pauses it, and a count (`name=1*return`) fires
+//! it only that many times. Without the feature, the points compile to nothing and
+//! `FAILPOINTS` is not read.
 
 /// The points, in the order a request meets them.
 pub const POINTS: &[&str] = &[
@@ -12,7 +15,12 @@ pub const POINTS: &[&str] = &[
     INGEST_AFTER_COMMIT_BEFORE_ANSWER,
     WORKER_AFTER_LEASE_BEFORE_SEND,
     WORKER_AFTER_2XX_BEFORE_RECORD,
+    WORKER_AFTER_PUBLISH_BEFORE_RECORD,
+    WORKER_BEFORE_DEAD_LETTER,
 ];
+
+/// The points that take `return(error)` as well as `return` ([`fallible`]).
+pub const FALLIBLE_POINTS: &[&str] = &[INGEST_BEFORE_COMMIT, INGEST_AFTER_COMMIT_BEFORE_ANSWER];
 
 /// Ingest verified the request and is about to write it.
 pub const INGEST_BEFORE_COMMIT: &str = "ingest_before_commit";
@@ -22,12 +30,28 @@ pub const INGEST_AFTER_COMMIT_BEFORE_ANSWER: &str = "ingest_after_commit_before_
 pub const WORKER_AFTER_LEASE_BEFORE_SEND: &str = "worker_after_lease_before_send";
 /// The destination answered 2xx; the attempt is not recorded.
 pub const WORKER_AFTER_2XX_BEFORE_RECORD: &str = "worker_after_2xx_before_record";
+/// RabbitMQ confirmed the publish; the attempt is not recorded.
+pub const WORKER_AFTER_PUBLISH_BEFORE_RECORD: &str = "worker_after_publish_before_record";
+/// An attempt failed for good; its move to the dead-letter is not recorded.
+pub const WORKER_BEFORE_DEAD_LETTER: &str = "worker_before_dead_letter";
 
 /// Aborts the process here when `FAILPOINTS` names `name` (with the `failpoints` feature).
 #[inline]
 #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
 pub fn point(name: &str) {
     fail::fail_point!(name, |_| std::process::abort());
+}
+
+/// A point that can fail as well as abort: `Err` with a message naming the point when
+/// `FAILPOINTS` names it as `name=return(error)`; aborts on `name=return` as [`point`] does.
+#[inline]
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+pub fn fallible(name: &str) -> Result<(), String> {
+    fail::fail_point!(name, |action: Option<String>| match action.as_deref() {
+        Some("error") => Err(format!("a failure injected at {name}")),
+        _ => std::process::abort(),
+    });
+    Ok(())
 }
 
 /// Reads `FAILPOINTS` (with the `failpoints` feature; otherwise does nothing). Keep the
@@ -40,5 +64,24 @@ pub fn setup() -> Option<fail::FailScenario<'static>> {
     #[cfg(not(feature = "failpoints"))]
     {
         None
+    }
+}
+
+#[cfg(all(test, feature = "failpoints"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fallible_point_fails_as_configured_and_only_as_often_as_its_count() {
+        let scenario = fail::FailScenario::setup();
+        assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(()), "off by default");
+        fail::cfg(INGEST_BEFORE_COMMIT, "2*return(error)").unwrap();
+        for _ in 0..2 {
+            let err = fallible(INGEST_BEFORE_COMMIT).unwrap_err();
+            assert!(err.contains(INGEST_BEFORE_COMMIT), "{err}");
+        }
+        assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(()), "after its count");
+        assert_eq!(fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER), Ok(()));
+        scenario.teardown();
     }
 }

@@ -448,8 +448,10 @@ impl Worker {
             },
         };
         let latency = clock.elapsed();
-        if matches!(outcome, Ok((Some(200..=299), _))) {
-            crash::point(crash::WORKER_AFTER_2XX_BEFORE_RECORD);
+        match outcome {
+            Ok((Some(200..=299), _)) => crash::point(crash::WORKER_AFTER_2XX_BEFORE_RECORD),
+            Ok((None, _)) => crash::point(crash::WORKER_AFTER_PUBLISH_BEFORE_RECORD),
+            _ => {}
         }
         let now = Timestamp::now();
         let gone = matches!(outcome, Ok((Some(410), _))) && dest.disable_on_gone;
@@ -497,6 +499,9 @@ impl Worker {
                 NextAttempt::GiveUp => AttemptNext::DeadLetter,
             }
         };
+        if matches!(next, AttemptNext::DeadLetter) {
+            crash::point(crash::WORKER_BEFORE_DEAD_LETTER);
+        }
         let outcome_label = match next {
             AttemptNext::Delivered => "delivered",
             AttemptNext::RetryAt(_) => "retry",

@@ -9,7 +9,11 @@
 //! one `Idempotency-Key`, and the application sees it once — twice only when the crash came
 //! after it was sent and before the attempt was recorded (always for the 2xx point; sometimes
 //! for the point after ingest's commit, whose hand-off to the local worker can send it first),
-//! and then with the same key.
+//! and then with the same key. A failure that is final, cut before its move to the
+//! dead-letter is recorded, is made once more after the restart and then dead-lettered.
+//!
+//! Ingest's points also fail instead of aborting (`<point>=1*return(error)`, once): the
+//! provider hears 503 `store_unavailable`, never 2xx, and its retry lands the event once.
 
 use hooklatch_core::crash;
 use serde_json::Value;
@@ -29,6 +33,40 @@ struct Case {
     retry_answer: &'static str,
     /// How many times the application receives the event.
     deliveries: std::ops::RangeInclusive<usize>,
+    app: App,
+}
+
+/// The application behind the destination.
+#[derive(Clone, Copy)]
+enum App {
+    /// Answers 2xx: the event is delivered.
+    Healthy,
+    /// Answers 500, and the destination allows one attempt: the event is dead-lettered.
+    FailingWithOneAttempt,
+}
+
+impl App {
+    fn behaviour(self) -> Behaviour {
+        match self {
+            App::Healthy => Behaviour::AlwaysOk,
+            App::FailingWithOneAttempt => Behaviour::AlwaysFail,
+        }
+    }
+
+    fn max_attempts(self) -> u32 {
+        match self {
+            App::Healthy => Options::default().max_attempts,
+            App::FailingWithOneAttempt => 1,
+        }
+    }
+
+    /// The delivery's state in the end.
+    fn settles_as(self) -> &'static str {
+        match self {
+            App::Healthy => "delivered",
+            App::FailingWithOneAttempt => "dead",
+        }
+    }
 }
 
 const CASES: &[Case] = &[
@@ -37,6 +75,7 @@ const CASES: &[Case] = &[
         answered: Some(false),
         retry_answer: "accepted",
         deliveries: 1..=1,
+        app: App::Healthy,
     },
     Case {
         point: crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER,
@@ -46,35 +85,54 @@ const CASES: &[Case] = &[
         // attempt may reach the application before the process dies, unrecorded, and then it
         // comes again after the restart with the same key.
         deliveries: 1..=2,
+        app: App::Healthy,
     },
     Case {
         point: crash::WORKER_AFTER_LEASE_BEFORE_SEND,
         answered: None,
         retry_answer: "duplicate",
         deliveries: 1..=1,
+        app: App::Healthy,
     },
     Case {
         point: crash::WORKER_AFTER_2XX_BEFORE_RECORD,
         answered: None,
         retry_answer: "duplicate",
         deliveries: 2..=2,
+        app: App::Healthy,
+    },
+    // `WORKER_AFTER_PUBLISH_BEFORE_RECORD` is RabbitMQ's: `tests/amqp.rs`.
+    Case {
+        point: crash::WORKER_BEFORE_DEAD_LETTER,
+        answered: None,
+        retry_answer: "duplicate",
+        // The failed attempt was cut before its move to the dead-letter was recorded: it is
+        // made again after the restart, fails again, and this time lands there.
+        deliveries: 2..=2,
+        app: App::FailingWithOneAttempt,
     },
 ];
 
 /// Runs every case on a fresh gateway whose store `store_url` gives (a SQLite file of its own
 /// when `None`).
 async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
+    let points: Vec<&str> = crash::POINTS
+        .iter()
+        .copied()
+        .filter(|p| *p != crash::WORKER_AFTER_PUBLISH_BEFORE_RECORD)
+        .collect();
     assert_eq!(
         CASES.iter().map(|c| c.point).collect::<Vec<_>>(),
-        crash::POINTS,
+        points,
         "a case for every crash point"
     );
     let mut card = crate::report::Card::new("T3", backend);
     let mut acked = 0;
     let mut duplicates = 0;
+    let mut dead_lettered = 0;
     for case in CASES {
         let point = case.point;
-        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let handler = Handler::start(case.app.behaviour()).await;
         let mut gw = Gateway::start_with(
             &handler,
             Options {
@@ -83,6 +141,7 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
                 // A crashed PostgreSQL instance's leases run out (2 × timeout + 10 s) before
                 // another takes them; SQLite gives them back at the restart.
                 timeout: "1s",
+                max_attempts: case.app.max_attempts(),
                 ..Options::default()
             },
         )
@@ -117,7 +176,9 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
         );
         acked += 1;
 
-        let row = gw.wait_for_delivery_state(&key, "delivered").await;
+        let row = gw
+            .wait_for_delivery_state(&key, case.app.settles_as())
+            .await;
         assert_eq!(
             gw.deliveries_for(&key).await.len(),
             1,
@@ -131,6 +192,7 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
             case.deliveries
         );
         duplicates += received.len() - 1;
+        dead_lettered += usize::from(case.app.settles_as() == "dead");
         assert!(
             received
                 .iter()
@@ -154,7 +216,71 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
     card.count("ops", CASES.len())
         .count("acked", acked)
         .count("lost", 0)
-        .count("duplicates", duplicates);
+        .count("duplicates", duplicates)
+        .count("dlq", dead_lettered);
+}
+
+/// Each of ingest's points failing once on a fresh gateway whose store `store_url` gives.
+async fn ingest_failures(backend: &str, store_url: impl Fn() -> Option<String>) {
+    let mut card = crate::report::Card::new("T3", backend);
+    for &point in crash::FALLIBLE_POINTS {
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let gw = Gateway::start_with(
+            &handler,
+            Options {
+                store_url: store_url(),
+                extra_env: vec![("FAILPOINTS".to_owned(), format!("{point}=1*return(error)"))],
+                ..Options::default()
+            },
+        )
+        .await;
+        let event_id = unique("evt_fail");
+        let key = format!("stripe:{event_id}");
+        let body = stripe_invoice_paid(&event_id, 5000);
+        let headers = stripe_headers(&body);
+
+        let (status, json) = gw.post("stripe", &headers, body.clone()).await;
+        assert_eq!(
+            (status, json["code"].as_str()),
+            (503, Some("store_unavailable")),
+            "{point}: {json}"
+        );
+        // Only a failure after the commit has written anything: its retry is a duplicate.
+        let retry_answer = if point == crash::INGEST_BEFORE_COMMIT {
+            "accepted"
+        } else {
+            "duplicate"
+        };
+        let (status, json) = gw.post("stripe", &headers, body.clone()).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some(retry_answer)),
+            "{point}: {json}"
+        );
+        gw.wait_for_delivery_state(&key, "delivered").await;
+        assert_eq!(gw.deliveries_for(&key).await.len(), 1, "{point}");
+        assert_eq!(handler.count_for(&key), 1, "{point}: delivered once");
+        card.fault(&format!("{point}_error"), 1);
+    }
+    let n = crash::FALLIBLE_POINTS.len();
+    card.count("ops", 2 * n)
+        .count("acked", n)
+        .count("lost", 0)
+        .count("duplicates", 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_point_that_fails_answers_503_and_the_retry_lands_once_sqlite() {
+    ingest_failures("sqlite", || None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_point_that_fails_answers_503_and_the_retry_lands_once_postgres() {
+    let Some(databases) = FreshDatabases::create(crash::FALLIBLE_POINTS.len()).await else {
+        return;
+    };
+    ingest_failures("postgres", || databases.next_url()).await;
+    databases.drop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,20 +290,41 @@ async fn a_crash_at_each_point_loses_nothing_and_repeats_only_the_cut_attempt_sq
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_at_each_point_loses_nothing_and_repeats_only_the_cut_attempt_postgres() {
-    let mut databases = Vec::new();
-    for _ in CASES {
-        let Some(db) = crate::postgres::Database::create(&unique("hooklatch_e2e")).await else {
-            return;
-        };
-        databases.push(db);
+    let Some(databases) = FreshDatabases::create(CASES.len()).await else {
+        return;
+    };
+    crash_matrix("postgres", || databases.next_url()).await;
+    databases.drop_all().await;
+}
+
+/// A fresh PostgreSQL database for each gateway a test starts, handed out in turn.
+struct FreshDatabases {
+    databases: Vec<crate::postgres::Database>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl FreshDatabases {
+    /// `n` databases; `None` (the test skips) without PostgreSQL.
+    async fn create(n: usize) -> Option<FreshDatabases> {
+        let mut databases = Vec::with_capacity(n);
+        for _ in 0..n {
+            databases.push(crate::postgres::Database::create(&unique("hooklatch_e2e")).await?);
+        }
+        Some(FreshDatabases {
+            databases,
+            next: Default::default(),
+        })
     }
-    let urls: Vec<String> = databases.iter().map(|db| db.url()).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    crash_matrix("postgres", || {
-        Some(urls[next.fetch_add(1, std::sync::atomic::Ordering::SeqCst)].clone())
-    })
-    .await;
-    for db in databases {
-        db.drop_now().await;
+
+    /// The next database's URL.
+    fn next_url(&self) -> Option<String> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Some(self.databases[i].url())
+    }
+
+    async fn drop_all(self) {
+        for db in self.databases {
+            db.drop_now().await;
+        }
     }
 }

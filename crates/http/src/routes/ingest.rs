@@ -302,13 +302,16 @@ async fn accept(
         .and_then(|handoff| handoff.reserve(ingest.most_deliveries(), ingest.request.received_at));
     ingest.lease = reservation.as_ref().map(|r| r.lease.clone());
     let handed_off = reservation.is_some();
-    crash::point(crash::INGEST_BEFORE_COMMIT);
-    let result = match (&state.keys, reservation) {
-        (None, None) => state.store.ingest(ingest).await.map_err(Refused::Store),
+    // Test builds only: a failure injected here is answered as the store being away.
+    let injected = crash::fallible(crash::INGEST_BEFORE_COMMIT)
+        .map_err(|injected| Refused::Store(StoreError::Unavailable(injected)));
+    let result = match (injected, &state.keys, reservation) {
+        (Err(refused), _, _) => Err(refused),
+        (Ok(()), None, None) => state.store.ingest(ingest).await.map_err(Refused::Store),
         // Claim, queue, mark done and hand off run in a task of their own: a provider hanging
         // up must not stop them between the store's commit and marking the keys done, nor
         // strand a delivery written leased to the worker until its lease runs out.
-        (keys, reservation) => {
+        (Ok(()), keys, reservation) => {
             let (store, keys) = (state.store.clone(), keys.clone());
             tokio::spawn(async move {
                 let handed = reservation.map(|r| (r, ingest.clone()));
@@ -329,9 +332,11 @@ async fn accept(
             })
         }
     };
-    if result.is_ok() {
-        crash::point(crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER);
-    }
+    let result = result.and_then(|outcome| {
+        crash::fallible(crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER)
+            .map(|()| outcome)
+            .map_err(|injected| Refused::Store(StoreError::Unavailable(injected)))
+    });
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(Refused::Store(err)) => {
