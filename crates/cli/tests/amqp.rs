@@ -308,6 +308,76 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
     broker.clean_up().await;
 }
 
+/// A gateway whose `stripe` source publishes to the broker through a fault proxy, into an
+/// exchange and queue of its own (dropped by `broker.clean_up()`).
+struct Proxied {
+    broker: TestBroker,
+    queue: String,
+    proxy: hooklatch_testkit::proxy::FaultProxy,
+    gw: Gateway,
+    handler: Handler,
+}
+
+impl Proxied {
+    /// `tag` names the exchange and queue; `max_attempts` (a config line) and the attempt's
+    /// `timeout` set the destination's retries (100 to 300 ms apart).
+    async fn start(url: &str, tag: &str, max_attempts: &str, timeout: &str) -> Proxied {
+        let mut broker = TestBroker::connect(url).await;
+        let exchange = format!("hooklatch-e2e-x-{}", unique(tag));
+        let queue = format!("hooklatch-e2e-q-{}", unique(tag));
+        broker.owns(&exchange, &queue);
+        let (proxy, through) = support::proxied(url, 5672).await;
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let gw = Gateway::start_with(
+            &handler,
+            options_with_retries(
+                &through,
+                &format!("{max_attempts}\ninitial_backoff = \"100ms\"\nmax_backoff = \"300ms\"\njitter = 0.0\ntimeout = \"{timeout}\""),
+                &format!(
+                    "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+                ),
+            ),
+        )
+        .await;
+        Proxied {
+            broker,
+            queue,
+            proxy,
+            gw,
+            handler,
+        }
+    }
+}
+
+/// Sends a new signed Stripe event, asserts it was accepted, and returns its key.
+async fn send_accepted(gw: &Gateway, prefix: &str) -> String {
+    let event = unique(prefix);
+    let body = stripe_invoice_paid(&event, 5000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    format!("stripe:{event}")
+}
+
+/// Takes every message from `queue` (until none comes for 2 s); their `message_id`s in order.
+async fn drain_message_ids(broker: &mut TestBroker, queue: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    while let Some(msg) = broker.get_within(queue, Duration::from_secs(2)).await {
+        ids.push(
+            msg.delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|s| s.to_string())
+                .unwrap_or_default(),
+        );
+    }
+    ids
+}
+
 /// A broker that stops answering (the fault proxy stalls every byte, no close): publishes get
 /// no confirm within the destination's timeout and are retried, recorded as failures, never
 /// as delivered; once the broker answers again the publisher connects anew and the event lands,
@@ -316,34 +386,14 @@ async fn an_unroutable_message_is_retried_then_dead_lettered_never_delivered_and
 async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event_lands_once() {
     let Some(url) = broker_url() else { return };
     let _broker_up = BROKER.read().await;
-    let mut broker = TestBroker::connect(&url).await;
-    let exchange = format!("hooklatch-e2e-x-{}", unique("stall"));
-    let queue = format!("hooklatch-e2e-q-{}", unique("stall"));
-    broker.owns(&exchange, &queue);
-    let (proxy, through) = support::proxied(&url, 5672).await;
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let gw = Gateway::start_with(
-        &handler,
-        options_with_retries(
-            &through,
-            "max_attempts = 50\ninitial_backoff = \"100ms\"\nmax_backoff = \"300ms\"\njitter = 0.0\ntimeout = \"1s\"",
-            &format!(
-                "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
-            ),
-        ),
-    )
-    .await;
-    let send = async |prefix: &str| {
-        let event = unique(prefix);
-        let body = stripe_invoice_paid(&event, 5000);
-        let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
-        assert_eq!(
-            (status, json["status"].as_str()),
-            (200, Some("accepted")),
-            "{json}"
-        );
-        format!("stripe:{event}")
-    };
+    let Proxied {
+        mut broker,
+        queue,
+        proxy,
+        gw,
+        handler: _handler,
+    } = Proxied::start(&url, "stall", "max_attempts = 50", "1s").await;
+    let send = async |prefix: &str| send_accepted(&gw, prefix).await;
     let before = send("evt_before_stall").await;
     gw.wait_for_delivery_state(&before, "delivered").await;
 
@@ -367,23 +417,98 @@ async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event
         attempts >= 2,
         "failed while stalled, then delivered: {row:#}"
     );
-    let mut keys = Vec::new();
-    while let Some(msg) = broker.get_within(&queue, Duration::from_secs(2)).await {
-        keys.push(
-            msg.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_default(),
-        );
-    }
+    let keys = drain_message_ids(&mut broker, &queue).await;
     assert_eq!(
         keys,
         [before, during],
         "each event once, in order, keyed by its event"
     );
     println!("figure: a stalled publish's error: {error}; {attempts} attempts in all");
+    drop(gw);
+    drop(proxy);
+    broker.clean_up().await;
+}
+
+/// The broker's connection reset by the network in the middle of a burst, then the link made
+/// slow (RELIABILITY.md T10, Toxiproxy's `reset_peer` and `latency`): every event lands in
+/// the queue keyed by its event; the reset may repeat only the publishes it left unconfirmed,
+/// at most one per delivery in flight, and the slow link repeats none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
+    let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
+    let Proxied {
+        mut broker,
+        queue,
+        proxy,
+        gw,
+        handler: _handler,
+    } = Proxied::start(&url, "reset", "max_attempts = 100", "5s").await;
+    let events = report::scaled(200);
+    let send = async |prefix: &str| send_accepted(&gw, prefix).await;
+    let wait_delivered = async |keys: &[String]| {
+        for key in keys {
+            gw.wait_for_delivery_state(key, "delivered").await;
+        }
+    };
+
+    // Reset while the first half is being published; the second half comes while it is.
+    let mut reset_keys = Vec::new();
+    for _ in 0..events / 2 {
+        reset_keys.push(send("evt_reset").await);
+    }
+    proxy.reset_peer();
+    for _ in events / 2..events {
+        reset_keys.push(send("evt_reset").await);
+    }
+    let retried = "hooklatch_delivery_attempts_total{destination=\"mq\",outcome=\"retry\"}";
+    eventually("an attempt failed by the reset", async || {
+        gw.metric(retried).await >= 1.0
+    })
+    .await;
+    proxy.up();
+    wait_delivered(&reset_keys).await;
+
+    // A slow link: every chunk 50 ms late, each way.
+    proxy.set_latency(Duration::from_millis(50));
+    let mut slow_keys = Vec::new();
+    for _ in 0..report::scaled(20) {
+        slow_keys.push(send("evt_slow").await);
+    }
+    wait_delivered(&slow_keys).await;
+    proxy.set_latency(Duration::ZERO);
+
+    let mut copies = std::collections::HashMap::<String, usize>::new();
+    for key in drain_message_ids(&mut broker, &queue).await {
+        *copies.entry(key).or_default() += 1;
+    }
+    let lost: Vec<&String> = reset_keys
+        .iter()
+        .chain(&slow_keys)
+        .filter(|k| !copies.contains_key(*k))
+        .collect();
+    assert!(lost.is_empty(), "not in the queue: {lost:?}");
+    let extra = |keys: &[String]| keys.iter().map(|k| copies[k] - 1).sum::<usize>();
+    let (reset_extra, slow_extra) = (extra(&reset_keys), extra(&slow_keys));
+    // `delivery.concurrency` in the test config: the most publishes one reset can cut.
+    assert!(
+        reset_extra <= 16,
+        "{reset_extra} extra copies after one reset"
+    );
+    assert_eq!(slow_extra, 0, "the slow link repeated a publish");
+    assert_eq!(
+        copies.len(),
+        reset_keys.len() + slow_keys.len(),
+        "only these events"
+    );
+    report::Card::new("T10", "sqlite")
+        .count("ops", reset_keys.len() + slow_keys.len())
+        .count("acked", reset_keys.len() + slow_keys.len())
+        .count("lost", 0)
+        .count("duplicates", reset_extra)
+        .fault("reset_peer", 1)
+        .fault("latency", 1)
+        .figure("proxied_connections", proxy.accepted() as u64);
     drop(gw);
     drop(proxy);
     broker.clean_up().await;

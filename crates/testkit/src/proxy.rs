@@ -1,14 +1,18 @@
 //! A TCP fault proxy for tests: a test points a store, key store, broker or destination URL at
 //! [`FaultProxy::addr`] instead of the service, and cuts the service off at the moment it
-//! chooses, in one of two ways Toxiproxy names: `down` (every open connection closed, new ones
-//! closed as soon as they are accepted) or `timeout` with no limit, here [`FaultProxy::stall`]
-//! (connections stay open, nothing gets through either way: a server that stopped answering,
-//! or a network that drops packets).
+//! chooses, in one of the ways Toxiproxy names: `down` (every open connection closed, new ones
+//! closed as soon as they are accepted), `reset_peer` (the same with a TCP reset instead of a
+//! close: the client reads "connection reset by peer"), `timeout` with no limit, here
+//! [`FaultProxy::stall`] (connections stay open, nothing gets through either way: a server that
+//! stopped answering, or a network that drops packets), and `latency` (every chunk held back a
+//! while, both ways, the connections otherwise working).
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -18,14 +22,17 @@ use tokio::task::JoinHandle;
 enum Mode {
     Up,
     Down,
+    Reset,
     Stall,
 }
 
 /// A forwarder from a loopback port to `upstream`, with a switch.
 pub struct FaultProxy {
     addr: SocketAddr,
-    down: watch::Sender<Mode>,
+    mode: watch::Sender<Mode>,
     accepted: Arc<AtomicUsize>,
+    /// Microseconds each forwarded chunk waits.
+    latency: Arc<AtomicU64>,
     task: JoinHandle<()>,
 }
 
@@ -34,9 +41,10 @@ impl FaultProxy {
     pub async fn start(upstream: SocketAddr) -> std::io::Result<FaultProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let (down, watching) = watch::channel(Mode::Up);
+        let (mode, watching) = watch::channel(Mode::Up);
         let accepted = Arc::new(AtomicUsize::new(0));
-        let count = accepted.clone();
+        let latency = Arc::new(AtomicU64::new(0));
+        let (count, delay) = (accepted.clone(), latency.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
@@ -44,6 +52,7 @@ impl FaultProxy {
                 let mode = *cut.borrow_and_update();
                 match mode {
                     Mode::Down => drop(client),
+                    Mode::Reset => reset(client),
                     // Held open, never forwarded; closed once the proxy is up again.
                     Mode::Stall => {
                         tokio::spawn(async move {
@@ -52,11 +61,12 @@ impl FaultProxy {
                         });
                     }
                     Mode::Up => {
+                        let delay = delay.clone();
                         tokio::spawn(async move {
                             let Ok(server) = TcpStream::connect(upstream).await else {
                                 return;
                             };
-                            forward(client, server, &mut cut).await;
+                            forward(client, server, &mut cut, &delay).await;
                         });
                     }
                 }
@@ -64,8 +74,9 @@ impl FaultProxy {
         });
         Ok(FaultProxy {
             addr,
-            down,
+            mode,
             accepted,
+            latency,
             task,
         })
     }
@@ -77,18 +88,31 @@ impl FaultProxy {
 
     /// Cuts the service off: open connections are closed, new ones closed on arrival.
     pub fn down(&self) {
-        self.down.send_replace(Mode::Down);
+        self.mode.send_replace(Mode::Down);
+    }
+
+    /// Cuts the service off with a TCP reset: open connections and new ones are aborted, and
+    /// the client reads "connection reset by peer" rather than an end of stream.
+    pub fn reset_peer(&self) {
+        self.mode.send_replace(Mode::Reset);
     }
 
     /// Stops every byte, both ways, on open connections and new ones, which stay open: the
     /// other side hears nothing, not even a close, until [`FaultProxy::up`] closes them.
     pub fn stall(&self) {
-        self.down.send_replace(Mode::Stall);
+        self.mode.send_replace(Mode::Stall);
     }
 
-    /// Lets connections through again (the ones closed or stalled are closed).
+    /// Lets connections through again (the ones closed, reset or stalled are closed).
     pub fn up(&self) {
-        self.down.send_replace(Mode::Up);
+        self.mode.send_replace(Mode::Up);
+    }
+
+    /// Holds every chunk read from either side for `delay` before passing it on, on open
+    /// connections and new ones; `Duration::ZERO` ends it.
+    pub fn set_latency(&self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.latency.store(micros, Ordering::SeqCst);
     }
 
     /// How many connections the proxy has accepted, cut ones included.
@@ -100,29 +124,74 @@ impl FaultProxy {
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.task.abort();
-        self.down.send_replace(Mode::Down);
+        self.mode.send_replace(Mode::Down);
     }
 }
 
-/// Copies both ways until either side closes or the proxy goes down; while it stalls, copies
-/// nothing and keeps both ends open until it is up again, then closes them.
-async fn forward(mut client: TcpStream, mut server: TcpStream, cut: &mut watch::Receiver<Mode>) {
-    let copy = tokio::io::copy_bidirectional(&mut client, &mut server);
-    tokio::pin!(copy);
-    loop {
-        tokio::select! {
-            _ = &mut copy => return,
-            changed = cut.changed() => {
-                let mode = *cut.borrow_and_update();
-                if changed.is_err() || mode == Mode::Down {
-                    return;
-                }
-                if mode == Mode::Stall {
-                    let _ = cut.wait_for(|m| *m != Mode::Stall).await;
-                    return;
+/// Aborts a connection: a TCP reset, not a close.
+fn reset(stream: TcpStream) {
+    let _ = stream.set_zero_linger();
+    drop(stream);
+}
+
+/// Copies both ways until both sides have closed, either fails, or the proxy is cut; while it
+/// stalls, copies nothing and keeps both ends open until it is up again, then closes them.
+async fn forward(
+    mut client: TcpStream,
+    mut server: TcpStream,
+    cut: &mut watch::Receiver<Mode>,
+    latency: &AtomicU64,
+) {
+    let ended = {
+        let (client_read, client_write) = client.split();
+        let (server_read, server_write) = server.split();
+        let copy = async {
+            tokio::try_join!(
+                pipe(client_read, server_write, latency),
+                pipe(server_read, client_write, latency)
+            )
+        };
+        tokio::pin!(copy);
+        loop {
+            tokio::select! {
+                _ = &mut copy => break Mode::Up,
+                changed = cut.changed() => {
+                    let mode = *cut.borrow_and_update();
+                    match (changed, mode) {
+                        (Err(_), _) => break Mode::Down,
+                        (Ok(()), Mode::Up) => {}
+                        (Ok(()), Mode::Down | Mode::Reset) => break mode,
+                        (Ok(()), Mode::Stall) => {
+                            let _ = cut.wait_for(|m| *m != Mode::Stall).await;
+                            break Mode::Down;
+                        }
+                    }
                 }
             }
         }
+    };
+    if ended == Mode::Reset {
+        reset(client);
+    }
+}
+
+/// Copies one way, each chunk after the proxy's latency; passes the end of stream on.
+async fn pipe(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    latency: &AtomicU64,
+) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        let delay = latency.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_micros(delay)).await;
+        }
+        to.write_all(&buf[..n]).await?;
     }
 }
 
@@ -132,9 +201,8 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test]
-    async fn forwards_then_cuts_then_forwards_again() {
-        // An echo server upstream.
+    /// An echo server on a free loopback port.
+    async fn echo_server() -> SocketAddr {
         let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let upstream_addr = upstream.local_addr().unwrap();
         tokio::spawn(async move {
@@ -149,13 +217,64 @@ mod tests {
                 });
             }
         });
-        let proxy = FaultProxy::start(upstream_addr).await.unwrap();
-        let echo = |mut s: TcpStream| async move {
-            s.write_all(b"ping").await?;
-            let mut buf = [0u8; 4];
-            s.read_exact(&mut buf).await?;
-            Ok::<_, std::io::Error>((s, buf))
-        };
+        upstream_addr
+    }
+
+    /// Sends `ping` and reads it back.
+    async fn echo(mut s: TcpStream) -> std::io::Result<(TcpStream, [u8; 4])> {
+        s.write_all(b"ping").await?;
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await?;
+        Ok((s, buf))
+    }
+
+    #[tokio::test]
+    async fn resets_open_and_new_connections_then_forwards_again() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let (mut open, buf) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(&buf, b"ping");
+
+        proxy.reset_peer();
+        let mut rest = Vec::new();
+        let err = open.read_to_end(&mut rest).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+        let mut fresh = TcpStream::connect(proxy.addr()).await.unwrap();
+        let err = fresh.read_to_end(&mut rest).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
+
+        proxy.up();
+        let (_, buf) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(&buf, b"ping");
+    }
+
+    #[tokio::test]
+    async fn holds_each_chunk_back_by_its_latency() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        let (open, _) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
+            .await
+            .unwrap();
+        proxy.set_latency(Duration::from_millis(150));
+        // Two chunks each way: the round trip waits at least twice the latency.
+        let started = std::time::Instant::now();
+        let (open, buf) = echo(open).await.unwrap();
+        assert_eq!(&buf, b"ping");
+        assert!(
+            started.elapsed() >= Duration::from_millis(300),
+            "{:?}",
+            started.elapsed()
+        );
+        proxy.set_latency(Duration::ZERO);
+        let (_, buf) = echo(open).await.unwrap();
+        assert_eq!(&buf, b"ping", "the same connection, through");
+    }
+
+    #[tokio::test]
+    async fn forwards_then_cuts_then_forwards_again() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
         let (open, buf) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
             .await
             .unwrap();

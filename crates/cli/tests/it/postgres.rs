@@ -446,13 +446,12 @@ async fn unsafe_durability_stops_serve_unless_allowed_and_then_warns_and_sets_th
     db.drop_now().await;
 }
 
-/// T3, an outage: PostgreSQL cut off (a fault proxy between the gateway and the server closes
-/// every connection and refuses new ones). A new event is answered 503 `store_unavailable`
-/// with `Retry-After`, never 2xx, and `/readyz` says 503; once the server is reachable again
-/// the gateway is ready without a restart, the provider's retry is accepted, and both events
-/// are delivered once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_postgres_outage_is_503_and_not_ready_never_2xx_then_recovers() {
+/// T3, an outage: PostgreSQL cut off by a fault proxy between the gateway and the server,
+/// which closes every connection and refuses new ones (`down`) or resets them
+/// (`reset_peer`). A new event is answered 503 `store_unavailable` with `Retry-After`, never
+/// 2xx, and `/readyz` says 503; once the server is reachable again the gateway is ready without
+/// a restart, the provider's retry is accepted, and both events are delivered once.
+async fn postgres_outage(fault: &str, cut: impl FnOnce(&hooklatch_testkit::proxy::FaultProxy)) {
     let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
@@ -473,48 +472,28 @@ async fn a_postgres_outage_is_503_and_not_ready_never_2xx_then_recovers() {
     let before = gw.send_stripe_event("stripe", "evt_before_outage").await;
     gw.wait_for_delivery_state(&before, "delivered").await;
 
-    proxy.down();
-    let event_id = unique("evt_during_outage");
-    let body = stripe_invoice_paid(&event_id, 5000);
-    let headers = stripe_headers(&body);
-    let res = gw
-        .ingest()
-        .send("stripe", &headers, body.clone())
-        .await
-        .expect("an answer");
-    assert_eq!(
-        res.status().as_u16(),
-        503,
-        "never 2xx while the store is away"
-    );
-    assert!(res.headers().contains_key("retry-after"));
-    let json: serde_json::Value = res.json().await.expect("a JSON error");
-    assert_eq!(json["code"], "store_unavailable", "{json}");
-    let (status, json) = gw.admin_get("/readyz").await;
-    assert_eq!(status, 503, "{json}");
-
-    proxy.up();
-    eventually_within("ready again", Duration::from_secs(60), async || {
-        gw.admin_get("/readyz").await.0 == 200
-    })
-    .await;
-    let (status, json) = gw.post("stripe", &headers, body).await;
-    assert_eq!(
-        (status, json["status"].as_str()),
-        (200, Some("accepted")),
-        "{json}"
-    );
-    let during = format!("stripe:{event_id}");
-    gw.wait_for_delivery_state(&during, "delivered").await;
-    assert_eq!(handler.count_for(&before), 1);
-    assert_eq!(handler.count_for(&during), 1);
+    cut(&proxy);
+    let answered_in =
+        crate::support::outage_then_recovery(&gw, &handler, &proxy, &before, "store_unavailable")
+            .await;
     card.count("ops", 3)
         .count("acked", 2)
         .count("lost", 0)
         .count("duplicates", 0)
-        .fault("down", 1)
+        .fault(fault, 1)
+        .figure("answered_503_in_ms", answered_in.as_millis() as u64)
         .figure("proxied_connections", proxy.accepted());
     drop(gw);
     drop(proxy);
     db.drop_now().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_is_503_and_not_ready_never_2xx_then_recovers() {
+    postgres_outage("down", |proxy| proxy.down()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_reset_are_503_and_not_ready_never_2xx_then_recover() {
+    postgres_outage("reset_peer", |proxy| proxy.reset_peer()).await;
 }

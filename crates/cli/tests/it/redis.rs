@@ -487,12 +487,12 @@ async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recove
     .await;
 }
 
-/// T3, a Redis that stops answering (no reset, no close: the fault proxy stalls every byte):
-/// a new event is answered 503 `key_store_unavailable` once the key store's 2 s response
-/// timeout runs out — never 2xx, never a hang — and `/readyz` says 503; once Redis answers
-/// again, the provider's retry is accepted and the event delivered once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
+/// T3, Redis cut off by the fault proxy: it stops answering (`stall`: no reset, no close,
+/// every byte held) or its connections are reset (`reset_peer`). A new event is answered 503
+/// `key_store_unavailable` — after the key store's 2 s response timeout when stalled — never
+/// 2xx, never a hang, and `/readyz` says 503; once Redis answers again, the provider's retry is
+/// accepted and the event delivered once.
+async fn redis_outage(fault: &str, cut: impl FnOnce(&hooklatch_testkit::proxy::FaultProxy)) {
     let Some(keys) = Keys::open().await else {
         return;
     };
@@ -503,53 +503,35 @@ async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
     options.extra_env[0].1 = url;
     let gateway = Gateway::start_with(&handler, options).await;
     let before = gateway
-        .send_stripe_event("stripe", "evt_before_stall")
+        .send_stripe_event("stripe", "evt_before_outage")
         .await;
     gateway.wait_for_delivery_state(&before, "delivered").await;
 
-    proxy.stall();
-    let event_id = unique("evt_during_stall");
-    let body = stripe_invoice_paid(&event_id, 5000);
-    let headers = stripe_headers(&body);
-    let started = std::time::Instant::now();
-    let res = gateway
-        .ingest()
-        .send("stripe", &headers, body.clone())
-        .await
-        .expect("an answer, not a hang");
-    let answered_in = started.elapsed();
-    assert_eq!(
-        res.status().as_u16(),
-        503,
-        "never 2xx while Redis is silent"
-    );
-    assert!(res.headers().contains_key("retry-after"));
-    let json: serde_json::Value = res.json().await.expect("a JSON error");
-    assert_eq!(json["code"], "key_store_unavailable", "{json}");
-    let (status, json) = gateway.admin_get("/readyz").await;
-    assert_eq!(status, 503, "{json}");
-
-    proxy.up();
-    eventually_within("ready again", Duration::from_secs(60), async || {
-        gateway.admin_get("/readyz").await.0 == 200
-    })
+    cut(&proxy);
+    let answered_in = crate::support::outage_then_recovery(
+        &gateway,
+        &handler,
+        &proxy,
+        &before,
+        "key_store_unavailable",
+    )
     .await;
-    let (status, json) = gateway.post("stripe", &headers, body).await;
-    assert_eq!(
-        (status, json["status"].as_str()),
-        (200, Some("accepted")),
-        "{json}"
-    );
-    let during = format!("stripe:{event_id}");
-    gateway.wait_for_delivery_state(&during, "delivered").await;
-    assert_eq!(handler.count_for(&before), 1);
-    assert_eq!(handler.count_for(&during), 1);
     card.count("ops", 3)
         .count("acked", 2)
         .count("lost", 0)
         .count("duplicates", 0)
-        .fault("stall", 1)
+        .fault(fault, 1)
         .figure("answered_503_in_ms", answered_in.as_millis() as u64);
     drop(gateway);
     keys.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
+    redis_outage("stall", |proxy| proxy.stall()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_connections_reset_are_503_never_2xx_then_recover() {
+    redis_outage("reset_peer", |proxy| proxy.reset_peer()).await;
 }

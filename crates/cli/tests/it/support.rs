@@ -1321,6 +1321,53 @@ impl Drop for KillAfterWork {
     }
 }
 
+/// The rest of a T3 outage once `proxy` has cut a service off, on a gateway whose `before`
+/// event was delivered before the cut: a new event is answered 503 `code` with `Retry-After`
+/// (never 2xx, never a hang) and `/readyz` says 503; once the proxy is up again the gateway is
+/// ready without a restart, the provider's retry is accepted, and both events are delivered
+/// once. Returns how long the 503 took.
+pub async fn outage_then_recovery(
+    gw: &Gateway,
+    handler: &Handler,
+    proxy: &hooklatch_testkit::proxy::FaultProxy,
+    before: &str,
+    code: &str,
+) -> Duration {
+    let event_id = unique("evt_during_outage");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let headers = stripe_headers(&body);
+    let started = Instant::now();
+    let res = gw
+        .ingest()
+        .send("stripe", &headers, body.clone())
+        .await
+        .expect("an answer, not a hang");
+    let answered_in = started.elapsed();
+    assert_eq!(res.status().as_u16(), 503, "never 2xx while {code}");
+    assert!(res.headers().contains_key("retry-after"));
+    let json: Value = res.json().await.expect("a JSON error");
+    assert_eq!(json["code"], code, "{json}");
+    let (status, json) = gw.admin_get("/readyz").await;
+    assert_eq!(status, 503, "{json}");
+
+    proxy.up();
+    eventually_within("ready again", Duration::from_secs(60), async || {
+        gw.admin_get("/readyz").await.0 == 200
+    })
+    .await;
+    let (status, json) = gw.post("stripe", &headers, body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    let during = format!("stripe:{event_id}");
+    gw.wait_for_delivery_state(&during, "delivered").await;
+    assert_eq!(handler.count_for(before), 1);
+    assert_eq!(handler.count_for(&during), 1);
+    answered_in
+}
+
 /// A fault proxy in front of the service `url` names (`default_port` when it names none), and
 /// `url` rewritten to go through it.
 pub async fn proxied(
