@@ -1,5 +1,6 @@
 //! A database of a test's own on the PostgreSQL server `HOOKLATCH_TEST_POSTGRES_URL` points
-//! at: made by the test, dropped at its end. Shared by the test binaries (`#[path]`).
+//! at: made by the test, dropped at its end — by [`TestDatabase::drop_now`], or, when the test
+//! panicked before it, as the value is dropped. Shared by the test binaries (`#[path]`).
 #![allow(dead_code)]
 
 use sqlx::Connection;
@@ -7,6 +8,8 @@ use sqlx::Connection;
 pub struct TestDatabase {
     admin_url: String,
     name: String,
+    /// Set by [`TestDatabase::drop_now`]: nothing left for `Drop` to do.
+    dropped: bool,
 }
 
 impl TestDatabase {
@@ -38,6 +41,7 @@ impl TestDatabase {
         TestDatabase {
             admin_url: admin_url.to_owned(),
             name,
+            dropped: false,
         }
     }
 
@@ -55,14 +59,39 @@ impl TestDatabase {
     }
 
     /// Drops the database, so runs do not leave one each behind.
-    pub async fn drop_now(self) {
-        if let Ok(mut conn) = sqlx::PgConnection::connect(&self.admin_url).await {
-            let _ = sqlx::query(&format!(
-                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
-                self.name
-            ))
+    pub async fn drop_now(mut self) {
+        self.dropped = true;
+        drop_database(&self.admin_url, &self.name).await;
+    }
+}
+
+impl Drop for TestDatabase {
+    /// A test that panicked before [`TestDatabase::drop_now`] still drops its database: on a
+    /// thread of its own with a runtime of its own, as the test's runtime may be the one
+    /// unwinding.
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            runtime.block_on(drop_database(&admin_url, &name));
+        })
+        .join();
+    }
+}
+
+/// `DROP DATABASE … WITH (FORCE)`: the gateways a test started may still be connected.
+async fn drop_database(admin_url: &str, name: &str) {
+    if let Ok(mut conn) = sqlx::PgConnection::connect(admin_url).await {
+        let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
             .execute(&mut conn)
             .await;
-        }
     }
 }

@@ -497,3 +497,26 @@ async fn a_postgres_outage_is_503_and_not_ready_never_2xx_then_recovers() {
 async fn postgres_connections_reset_are_503_and_not_ready_never_2xx_then_recover() {
     postgres_outage("reset_peer", |proxy| proxy.reset_peer()).await;
 }
+
+/// A test that panics before `drop_now` leaves no database behind: dropping the value drops
+/// it (the path unwinding takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_database_dropped_without_drop_now_is_dropped_on_the_server() {
+    let name = unique("hooklatch_e2e");
+    let Some(db) = Database::create(&name).await else {
+        return;
+    };
+    let exists = async || {
+        let admin = std::env::var("HOOKLATCH_TEST_POSTGRES_URL").expect("set: created one");
+        let mut conn = sqlx::PgConnection::connect(&admin).await.expect("admin");
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pg_database WHERE datname = $1")
+            .bind(name.to_lowercase())
+            .fetch_one(&mut conn)
+            .await
+            .expect("pg_database")
+            == 1
+    };
+    assert!(exists().await);
+    drop(db);
+    assert!(!exists().await, "dropped with the value");
+}
