@@ -153,6 +153,8 @@ impl AddressPolicy {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
@@ -245,5 +247,91 @@ mod tests {
         );
         let err = AddressPolicy::parse_entry("localhost").unwrap_err();
         assert!(err.contains("\"localhost\""), "{err}");
+    }
+
+    /// Every IPv6 form that carries `v4`: mapped, NAT64 and 6to4 always, IPv4-compatible
+    /// unless it reads as `::` or `::1`.
+    fn carriers(v4: Ipv4Addr) -> Vec<Ipv6Addr> {
+        let [a, b, c, d] = v4.octets();
+        let (hi, lo) = (u16::from_be_bytes([a, b]), u16::from_be_bytes([c, d]));
+        let mut forms = vec![
+            v4.to_ipv6_mapped(),
+            Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, hi, lo),
+            Ipv6Addr::new(0x2002, hi, lo, 0, 0, 0, 0, 1),
+        ];
+        if u32::from(v4) > 1 {
+            forms.push(Ipv6Addr::new(0, 0, 0, 0, 0, 0, hi, lo));
+        }
+        forms
+    }
+
+    /// Networks for an allow list: IPv4 and IPv6, any prefix length.
+    fn any_net() -> impl Strategy<Value = IpNet> {
+        prop_oneof![
+            (any::<u32>(), 0u8..=32)
+                .prop_map(|(a, len)| IpNet::new(IpAddr::V4(a.into()), len).unwrap().trunc()),
+            (any::<u128>(), 0u8..=128)
+                .prop_map(|(a, len)| IpNet::new(IpAddr::V6(a.into()), len).unwrap().trunc()),
+        ]
+    }
+
+    proptest! {
+        /// The check on an address that carries an IPv4 one is the check on that IPv4
+        /// address, whatever the allow list (when it lists no IPv6 network holding the carrier
+        /// itself).
+        #[test]
+        fn an_ipv4_address_is_judged_alike_in_every_form_that_carries_it(
+            v4 in any::<u32>().prop_map(Ipv4Addr::from),
+            allow in proptest::collection::vec(any_net(), 0..4),
+        ) {
+            let v4_only: Vec<IpNet> = allow.into_iter().filter(|n| matches!(n, IpNet::V4(_))).collect();
+            let policy = AddressPolicy::new(v4_only);
+            let verdict = policy.check(IpAddr::V4(v4)).is_ok();
+            for v6 in carriers(v4) {
+                prop_assert_eq!(special_range(IpAddr::V6(v6)), special_range(IpAddr::V4(v4)), "{}", v6);
+                prop_assert_eq!(policy.check(IpAddr::V6(v6)).is_ok(), verdict, "{} for {}", v6, v4);
+            }
+        }
+
+        /// A delivery reaches an address exactly when it is public or the allow list holds it
+        /// (or the IPv4 address it carries); a refusal names the address and its range.
+        #[test]
+        fn an_address_passes_only_when_public_or_allowed(
+            addr in prop_oneof![
+                any::<u32>().prop_map(|a| IpAddr::V4(a.into())),
+                any::<u128>().prop_map(|a| IpAddr::V6(a.into())),
+            ],
+            allow in proptest::collection::vec(any_net(), 0..4),
+        ) {
+            let policy = AddressPolicy::new(allow.clone());
+            let holds = |ip: IpAddr| allow.iter().any(|n| n.contains(&ip));
+            let carried = match addr {
+                IpAddr::V6(v6) => embedded_v4(v6).map(IpAddr::V4),
+                IpAddr::V4(_) => None,
+            };
+            let expected = special_range(addr).is_none() || holds(addr) || carried.is_some_and(holds);
+            match policy.check(addr) {
+                Ok(()) => prop_assert!(expected, "{} passed", addr),
+                Err(blocked) => {
+                    prop_assert!(!expected, "{} blocked", addr);
+                    prop_assert_eq!(blocked.ip, addr);
+                    prop_assert_eq!(Some(blocked.range), special_range(addr));
+                    prop_assert!(blocked.to_string().starts_with(&addr.to_string()));
+                }
+            }
+        }
+
+        /// Any `allow` entry is parsed or refused with the entry quoted, never a panic; what
+        /// is parsed reads back as itself.
+        #[test]
+        fn any_allow_entry_is_parsed_or_refused_never_a_panic(entry in "\\PC{0,40}") {
+            match AddressPolicy::parse_entry(&entry) {
+                Ok(net) => {
+                    let again = AddressPolicy::parse_entry(&net.to_string());
+                    prop_assert_eq!(again, Ok(net));
+                }
+                Err(err) => prop_assert!(err.contains(&format!("{:?}", entry.trim())), "{}", err),
+            }
+        }
     }
 }

@@ -566,8 +566,8 @@ pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settin
     if let Some(path) = file {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("reading {}: {e}", path.display())))?;
-        let overlay: Value =
-            toml::from_str(&text).map_err(|e| ConfigError(format!("{}: {e}", path.display())))?;
+        let overlay: Value = toml::from_str(&text)
+            .map_err(|e| ConfigError(format!("{}: {}", path.display(), syntax_error(&text, &e))))?;
         merge(&mut doc, overlay);
     }
     apply_env(&mut doc, env)?;
@@ -576,10 +576,53 @@ pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settin
         ConfigError(format!(
             "{origin}: {}: {}",
             e.path(),
-            e.inner().message().trim()
+            without_strings(e.inner().message().trim())
         ))
     })?;
     resolve(raw, env, file.and_then(Path::parent))
+}
+
+/// A TOML syntax error without the line it quotes: that line may hold a secret written in the
+/// file (`secrets = ["whsec_…"`), and the message goes to logs. Its place and reason are enough
+/// to find it.
+fn syntax_error(text: &str, err: &toml::de::Error) -> String {
+    let message = without_strings(err.message().trim());
+    let Some(at) = err.span().map(|span| span.start.min(text.len())) else {
+        return format!("not valid TOML: {message}");
+    };
+    let before = text.get(..at).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("not valid TOML at line {line}, column {column}: {message}")
+}
+
+/// `message` with the text of every string value it quotes (serde's `string "…"`) left out: a
+/// value of the wrong type may be a secret in the wrong place.
+fn without_strings(message: &str) -> String {
+    const QUOTED: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(start) = rest.find(QUOTED) {
+        out.push_str(&rest[..start]);
+        out.push_str("a string");
+        let value = &rest[start + QUOTED.len()..];
+        // The value is `Debug`-escaped: its end is the first quote not escaped.
+        let mut escaped = false;
+        let end = value.char_indices().find_map(|(i, c)| match (escaped, c) {
+            (false, '\\') => {
+                escaped = true;
+                None
+            }
+            (false, '"') => Some(i + 1),
+            _ => {
+                escaped = false;
+                None
+            }
+        });
+        rest = end.map_or("", |end| &value[end..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Tables merge key by key; anything else (arrays included) is replaced.
@@ -1684,6 +1727,164 @@ tolerance = "30s"
             "{msg}"
         );
         assert!(!msg.contains("pa55word"), "{msg}");
+    }
+
+    #[test]
+    fn a_config_error_never_quotes_a_string_value() {
+        assert_eq!(
+            without_strings(r#"invalid type: string "whsec_\"x\\", expected a sequence"#),
+            "invalid type: a string, expected a sequence"
+        );
+        assert_eq!(
+            without_strings(r#"string "a" and string "b"#),
+            "a string and a string"
+        );
+        assert_eq!(
+            without_strings("unknown field `secret`"),
+            "unknown field `secret`"
+        );
+
+        // A secret of the wrong type, in the file and from the environment.
+        let in_file = EXAMPLE.replace(
+            "[\"env:STRIPE_WEBHOOK_SECRET\"]",
+            &format!("\"{FILE_SECRET}\""),
+        );
+        let msg = load_str(&in_file, &env(&[TOKEN])).unwrap_err().to_string();
+        assert!(
+            msg.ends_with("sources[0].secrets: invalid type: a string, expected a sequence"),
+            "{msg}"
+        );
+        let value = format!("{{ s = \"{FILE_SECRET}\" }}");
+        let from_env = env(&[TOKEN, ("HOOKLATCH_SOURCES__STRIPE__SECRETS", &value)]);
+        let msg = load_str(EXAMPLE, &from_env).unwrap_err().to_string();
+        assert!(!msg.contains(FILE_SECRET), "{msg}");
+        let from_env = env(&[TOKEN, ("HOOKLATCH_SOURCES__STRIPE__SECRETS", FILE_SECRET)]);
+        let msg = load_str(EXAMPLE, &from_env).unwrap_err().to_string();
+        assert!(!msg.contains(FILE_SECRET), "{msg}");
+    }
+
+    /// A secret written in the file, to find in error messages.
+    const FILE_SECRET: &str = "whsec_Zm9vYmFyYmF6cXV4";
+
+    /// How a test edits a config file: a line's index and what to do with it. Only
+    /// `BreakSecrets` writes the secret, and only where a secret goes: the file may be broken
+    /// around it, but a secret moved into another field (`provider = "whsec_…"`) is that
+    /// field's value to the gateway, and may be quoted back like any other.
+    #[derive(Debug, Clone)]
+    enum Edit {
+        Delete(usize),
+        /// The `secrets` line's value replaced by this, which holds the secret.
+        BreakSecrets(String),
+        /// The line up to its `=`, then this instead of its value.
+        Revalue(usize, String),
+        Insert(usize, String),
+        /// This many characters cut from the line's end.
+        Truncate(usize, usize),
+    }
+
+    fn any_edit() -> impl proptest::strategy::Strategy<Value = Edit> {
+        use proptest::prelude::*;
+        // Values and lines made of TOML's own punctuation, words the config knows, and the
+        // secret, so that many edits get past the parser into the typed layers.
+        let piece = |secret: bool| {
+            let secrets = if secret {
+                vec![
+                    format!("\"{FILE_SECRET}\""),
+                    format!("[\"{FILE_SECRET}\"]"),
+                    format!("\"{FILE_SECRET}"),
+                    FILE_SECRET.to_owned(),
+                ]
+            } else {
+                vec!["\"x\"".to_owned()]
+            };
+            let punctuation = proptest::sample::select(vec![
+                "[",
+                "]",
+                "\"",
+                ",",
+                "=",
+                " ",
+                "{",
+                "}",
+                "5",
+                "true",
+                "secrets",
+                "[[sources]]",
+            ]);
+            prop_oneof![
+                1 => proptest::sample::select(secrets),
+                3 => punctuation.prop_map(str::to_owned),
+                1 => "\\PC{0,6}",
+            ]
+        };
+        let text =
+            |secret: bool| proptest::collection::vec(piece(secret), 1..6).prop_map(|p| p.concat());
+        let (text, with_secret) = (text(false), text(true));
+        prop_oneof![
+            with_secret
+                .prop_filter("holds the secret", |t| t.contains(FILE_SECRET))
+                .prop_map(Edit::BreakSecrets),
+            any::<usize>().prop_map(Edit::Delete),
+            (any::<usize>(), text.clone()).prop_map(|(i, t)| Edit::Revalue(i, t)),
+            (any::<usize>(), text).prop_map(|(i, t)| Edit::Insert(i, t)),
+            (any::<usize>(), 1usize..12).prop_map(|(i, n)| Edit::Truncate(i, n)),
+        ]
+    }
+
+    /// `EXAMPLE` with its secret written in the file, edited.
+    fn edited(edits: &[Edit]) -> String {
+        let base = EXAMPLE.replace("env:STRIPE_WEBHOOK_SECRET", FILE_SECRET);
+        let mut lines: Vec<String> = base.lines().map(str::to_owned).collect();
+        for edit in edits {
+            let n = lines.len().max(1);
+            match edit {
+                Edit::Delete(i) if !lines.is_empty() => {
+                    lines.remove(i % n);
+                }
+                Edit::Delete(_) => {}
+                Edit::BreakSecrets(value) => {
+                    if let Some(line) = lines.iter_mut().find(|l| l.starts_with("secrets")) {
+                        *line = format!("secrets = {value}");
+                    }
+                }
+                Edit::Revalue(i, value) => {
+                    if let Some(line) = lines.get_mut(i % n) {
+                        let key = line.split('=').next().unwrap_or_default().to_owned();
+                        *line = format!("{key}= {value}");
+                    }
+                }
+                Edit::Insert(i, text) => lines.insert(i % (lines.len() + 1), text.clone()),
+                Edit::Truncate(i, cut) => {
+                    if let Some(line) = lines.get_mut(i % n) {
+                        let keep = line.chars().count().saturating_sub(*cut);
+                        *line = line.chars().take(keep).collect();
+                    }
+                }
+            }
+        }
+        lines.join("\n")
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+
+        /// Whatever a config file holds, loading it returns settings or an error, never a
+        /// panic, and the error never quotes the secret written in the file, wherever the
+        /// edits moved it (secrets never leave, not even in a refusal).
+        #[test]
+        fn an_edited_config_loads_or_is_refused_without_quoting_its_secret(
+            edits in proptest::collection::vec(any_edit(), 1..5),
+        ) {
+            let toml = edited(&edits);
+            if let Err(err) = load_str(&toml, &env(&[TOKEN])) {
+                let msg = err.to_string();
+                proptest::prop_assert!(!msg.is_empty());
+                proptest::prop_assert!(
+                    !msg.contains(FILE_SECRET),
+                    "{} quoted in {:?} from\n{}", FILE_SECRET, msg, toml
+                );
+            }
+        }
     }
 
     #[test]
