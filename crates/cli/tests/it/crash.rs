@@ -24,7 +24,8 @@ use crate::support::{
 
 const EVENTS: usize = 1000;
 const SENDERS: usize = 16;
-const KILL_AFTER_ACKS: usize = 300;
+/// The kill comes after this many acknowledgements, drawn from the card's seed.
+const KILL_AFTER_ACKS: std::ops::Range<usize> = 100..700;
 /// How long every acknowledged event has to reach the handler after the restart: well under
 /// the killed process's leases (2 × timeout + 10 s = 130 s), so the test fails if the restarted
 /// gateway waits for them to run out instead of giving them back.
@@ -32,12 +33,16 @@ const AFTER_RESTART: Duration = Duration::from_secs(90);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
-    let (events, kill_after_acks) = (
-        crate::report::scaled(EVENTS),
-        crate::report::scaled(KILL_AFTER_ACKS),
-    );
     let mut card = crate::report::Card::new("T4", "sqlite");
-    card.fault("kill9", 1);
+    let seed = card.seed();
+    let events = crate::report::scaled(EVENTS);
+    let (from, to) = (
+        crate::report::scaled(KILL_AFTER_ACKS.start),
+        crate::report::scaled(KILL_AFTER_ACKS.end),
+    );
+    let kill_after_acks = from + crate::report::draw(seed, 0, (to - from) as u64) as usize;
+    card.fault("kill9", 1)
+        .figure("kill_after_acks", kill_after_acks as u64);
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let options = Options {
         // Leases of 2 × 60 s + 10 s: longer than the test waits after the restart.
@@ -48,8 +53,9 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
     let run = unique("evt_crash");
     let ids: Arc<Vec<String>> = Arc::new((0..events).map(|i| format!("{run}_{i:04}")).collect());
 
-    // 16 senders share the 1,000 events; the one that sees the 300th 2xx kills the gateway at
-    // once, so acknowledgements still on their way out are caught in the act.
+    // 16 senders share the 1,000 events; the one that sees the `kill_after_acks`th 2xx (100 to
+    // 699, from the seed) kills the gateway at once, so acknowledgements still on their way out
+    // are caught in the act.
     let next = Arc::new(AtomicUsize::new(0));
     let n_acked = Arc::new(AtomicUsize::new(0));
     let acked = Arc::new(Mutex::new(vec![false; events]));
@@ -90,7 +96,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
     }
     tokio::time::timeout(DEADLINE, killed.notified())
         .await
-        .expect("300 events acknowledged before the deadline");
+        .expect("the chosen number of events acknowledged before the deadline");
     gw.kill9();
     senders.join_all().await;
 

@@ -82,6 +82,7 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
         &[503],
         20,
         Duration::from_millis(50),
+        card.seed(),
     )
     .await;
     let mut not_200 = 0;

@@ -124,6 +124,7 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
         &[409, 503],
         200,
         Duration::from_millis(20),
+        card.seed(),
     )
     .await;
     for id in &ids {

@@ -4,6 +4,10 @@
 //! learns them; the line is written when the card is dropped, with `"pass": false` if the test
 //! is panicking then, so a failed run leaves its counts too.
 //!
+//! A test whose load or faults vary draws them from [`Card::seed`]: `$HOOKLATCH_SEED` (hex)
+//! when set, to replay a run, else a fresh one. The seed is on the line (`null` for a test that
+//! draws nothing), and a failing test prints it with the command that replays it.
+//!
 //! ```text
 //! {"test":"T4","tier":"ci","backend":"sqlite","seed":null,"commit":"<sha>","ops":1000,
 //!  "acked":300,"lost":0,"duplicates":11,"faults":{"kill9":1},"figures":{…},"pass":true}
@@ -31,7 +35,7 @@ impl Card {
             json!(std::env::var("HOOKLATCH_TIER").unwrap_or_else(|_| "ci".to_owned())),
         );
         line.insert("backend".into(), json!(backend));
-        // No test draws from a seed yet: every load is fixed in its code.
+        // Until the test draws from one (`Card::seed`).
         line.insert("seed".into(), Value::Null);
         line.insert("commit".into(), json!(commit()));
         Card {
@@ -53,6 +57,18 @@ impl Card {
         self
     }
 
+    /// The seed the test's varying load and faults come from, put on the card:
+    /// `$HOOKLATCH_SEED` (hex, with or without `0x`) to replay a run, else a fresh one.
+    pub fn seed(&mut self) -> u64 {
+        let seed = std::env::var("HOOKLATCH_SEED")
+            .ok()
+            .and_then(|s| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok())
+            .unwrap_or_else(fresh_seed);
+        self.line
+            .insert("seed".into(), json!(format!("{seed:016x}")));
+        seed
+    }
+
     /// Sets one of the test's figures.
     pub fn figure(&mut self, name: &str, value: impl Into<Value>) -> &mut Card {
         self.figures.insert(name.into(), value.into());
@@ -71,7 +87,14 @@ impl Drop for Card {
             "figures".into(),
             Value::Object(std::mem::take(&mut self.figures)),
         );
-        line.insert("pass".into(), json!(!std::thread::panicking()));
+        let pass = !std::thread::panicking();
+        if let (false, Some(seed)) = (pass, line.get("seed").and_then(Value::as_str)) {
+            eprintln!(
+                "{} failed with seed {seed}: replay with HOOKLATCH_SEED={seed}",
+                line["test"]
+            );
+        }
+        line.insert("pass".into(), json!(pass));
         let text = Value::Object(line).to_string();
         println!("report: {text}");
         let path = report_path();
@@ -87,6 +110,28 @@ impl Drop for Card {
             eprintln!("could not append to {}: {err}", path.display());
         }
     }
+}
+
+/// A seed from the clock and the process: different for every run.
+fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    mix(nanos ^ (u64::from(std::process::id()) << 32))
+}
+
+/// SplitMix64's finaliser: spreads any input over all 64 bits.
+pub fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The `i`th number in `0..n` drawn from `seed`: the same for the same seed, whatever order
+/// concurrent senders ask in.
+pub fn draw(seed: u64, i: u64, n: u64) -> u64 {
+    mix(seed ^ mix(i)) % n.max(1)
 }
 
 /// Where the lines go: `$HOOKLATCH_REPORT`, else `reliability/report.jsonl` in the build's
@@ -127,4 +172,23 @@ pub fn scaled(n: usize) -> usize {
         .filter(|s| *s >= 1)
         .unwrap_or(1);
     n * scale
+}
+
+#[test]
+fn a_draw_is_the_same_for_the_same_seed_and_index_and_within_its_range() {
+    let seed = 0x85ab_0840_ea95_f47a;
+    let draws: Vec<u64> = (0..1000).map(|i| draw(seed, i, 5_001)).collect();
+    assert!(draws.iter().all(|d| *d < 5_001));
+    assert_eq!(
+        draws,
+        (0..1000).map(|i| draw(seed, i, 5_001)).collect::<Vec<_>>()
+    );
+    assert_ne!(
+        draws,
+        (0..1000)
+            .map(|i| draw(seed + 1, i, 5_001))
+            .collect::<Vec<_>>()
+    );
+    // Spread over the range, not stuck in a corner of it.
+    assert!(draws.iter().any(|d| *d < 500) && draws.iter().any(|d| *d > 4_500));
 }

@@ -438,9 +438,10 @@ impl Default for Options {
 pub type Answers = HashMap<String, Vec<(u16, String)>>;
 
 /// Sends `copies` copies of each signed Stripe event in `ids` from 64 senders (an event's
-/// copies go out together, spread over `ingests`). An answer whose status is in `retry` is
-/// retried as a provider would, after `backoff`, up to `attempts` times; a copy with no final
-/// answer is recorded as status 0. Returns every final answer and how many retries were made.
+/// copies go out together, spread over `ingests`, each after 0–5 ms of jitter drawn from
+/// `seed`). An answer whose status is in `retry` is retried as a provider would, after
+/// `backoff`, up to `attempts` times; a copy with no final answer is recorded as status 0.
+/// Returns every final answer and how many retries were made.
 pub async fn storm(
     ingests: &[Ingest],
     ids: &[String],
@@ -448,6 +449,7 @@ pub async fn storm(
     retry: &'static [u16],
     attempts: usize,
     backoff: Duration,
+    seed: u64,
 ) -> (Answers, usize) {
     let answers: Arc<Mutex<Answers>> = Arc::default();
     let retried = Arc::new(AtomicUsize::new(0));
@@ -471,6 +473,8 @@ pub async fn storm(
                 let id = &ids[i / copies];
                 let ingest = &ingests[(i + sender) % ingests.len()];
                 let body = stripe_invoice_paid(id, 5000);
+                let jitter = crate::report::draw(seed, i as u64, 5_001);
+                tokio::time::sleep(Duration::from_micros(jitter)).await;
                 let mut answer = (0, "no final answer".to_owned());
                 for _ in 0..attempts {
                     let headers = stripe_headers(&body);
