@@ -549,10 +549,16 @@ async fn the_inspector_shows_history_as_text_and_retries_and_redelivers() {
     browser.screenshot("6-dismissed").await;
 
     // A destination disabled by its 410: a banner on the list, enabled from its page, and
-    // what waited goes out.
+    // what waited goes out — the event the 410 answered too, though its one attempt is used.
     handler.set_behaviour(Behaviour::Gone);
     let gone = gw.send_stripe_event("stripe", "evt_inspector_gone").await;
-    gw.wait_for_delivery_state(&gone, "dead").await;
+    crate::support::eventually("the 410 recorded", async || {
+        gw.deliveries_for(&gone)
+            .await
+            .first()
+            .is_some_and(|row| row["attempts"] == 1 && row["state"] == "pending")
+    })
+    .await;
     let held = gw.send_stripe_event("stripe", "evt_inspector_held").await;
     handler.set_behaviour(Behaviour::AlwaysOk);
     browser
@@ -594,6 +600,8 @@ async fn the_inspector_shows_history_as_text_and_retries_and_redelivers() {
         .await;
     gw.wait_for_delivery_state(&held, "delivered").await;
     assert_eq!(handler.count_for(&held), 1);
+    gw.wait_for_delivery_state(&gone, "delivered").await;
+    assert_eq!(handler.count_for(&gone), 2, "the 410, then the delivery");
     browser
         .until(
             "no banner",
