@@ -9,13 +9,17 @@
 //!   [`conformance::fixture`] builders its cases use.
 //! - `amqp` (feature `amqp`): a test's own RabbitMQ connection and the broker URL the tests
 //!   share.
-//! - [`proxy`]: a TCP fault proxy that cuts a service off (Toxiproxy's `down`) and lets it
-//!   through again.
+//! - [`proxy`]: a TCP fault proxy that cuts a service off (Toxiproxy's `down`, `reset_peer`,
+//!   `timeout`), slows it (`latency`) and lets it through again.
+//! - `lazyfs` (feature `lazyfs`): a FUSE file system that loses what was not fsynced, for
+//!   power-loss tests.
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod conformance;
+#[cfg(feature = "lazyfs")]
+pub mod lazyfs;
 mod memory;
 pub mod proxy;
 

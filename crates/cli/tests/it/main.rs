@@ -26,6 +26,7 @@ mod inspector;
 mod listen;
 mod outbound;
 mod postgres;
+mod power_loss;
 mod providers;
 mod redeliver;
 mod redis;

@@ -1,0 +1,654 @@
+//! A file system that forgets what was not fsynced, for power-loss tests (RELIABILITY.md T5):
+//! what LazyFS does for Jepsen (`lose-unfsynced-writes!`), in-process, with FUSE.
+//!
+//! [`LazyFs::mount`] serves one flat directory at a mount point, backed by a directory on the
+//! real disk. A write reaches the daemon, which keeps it in memory, page by page; reads see
+//! it; only an `fsync` (or `fdatasync`) of that file writes its pages to the backing file and
+//! syncs it. [`LazyFs::power_cut`] unmounts (the kernel's cache of the files goes with the
+//! mount) and drops every page not synced: the backing directory is then what a disk would
+//! hold after the power went out. [`LazyFs::mount_again`] serves it again.
+//!
+//! Deliberate simplifications: creating, removing and renaming a file, and its size after a
+//! truncate once synced, are durable at once (a file system with a journal for its metadata);
+//! a sync writes whole pages, never tears one. [`Fsync::Ignored`] makes every fsync succeed
+//! without writing anything: a disk or a configuration that acknowledges what it did not
+//! keep, the control a power-loss test needs to show that it can see a loss at all.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, LockOwner, MountOption, OpenFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyWrite, Request, WriteFlags,
+};
+
+/// The unit the daemon keeps unsynced writes in.
+const PAGE: u64 = 4096;
+/// The kernel asks again for every name and size: what the daemon says is always current.
+const TTL: Duration = Duration::ZERO;
+const ROOT: u64 = 1;
+
+/// What an `fsync` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// Writes the file's pages to the backing file and syncs it.
+    Honoured,
+    /// Succeeds and writes nothing: everything is lost at the next power cut.
+    Ignored,
+}
+
+/// What a power cut dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lost {
+    /// Files with unsynced writes.
+    pub files: usize,
+    /// Pages never synced.
+    pub pages: usize,
+    /// The pages by file name.
+    pub by_file: BTreeMap<String, usize>,
+}
+
+/// Whether this machine can mount one: `/dev/fuse` is there and the tests run as root. A test
+/// that needs it prints why it skips otherwise.
+pub fn available() -> Result<(), String> {
+    if !Path::new("/dev/fuse").exists() {
+        return Err("no /dev/fuse".to_owned());
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let root = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1))
+        == Some("0");
+    if !root {
+        return Err("not root: mounting without fusermount needs root".to_owned());
+    }
+    Ok(())
+}
+
+/// A mounted lazy file system; unmounted when dropped.
+pub struct LazyFs {
+    mountpoint: PathBuf,
+    state: Arc<Mutex<State>>,
+    session: Option<BackgroundSession>,
+}
+
+impl LazyFs {
+    /// Serves `backing` (an existing directory) at `mountpoint` (an existing, empty one).
+    pub fn mount(backing: &Path, mountpoint: &Path, fsync: Fsync) -> io::Result<LazyFs> {
+        let state = Arc::new(Mutex::new(State {
+            backing: backing.to_owned(),
+            fsync,
+            names: HashMap::new(),
+            inodes: HashMap::new(),
+            files: HashMap::new(),
+            fsyncs: 0,
+        }));
+        let mut fs = LazyFs {
+            mountpoint: mountpoint.to_owned(),
+            state,
+            session: None,
+        };
+        fs.mount_again()?;
+        Ok(fs)
+    }
+
+    /// Where the files are served.
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// How many fsyncs the file system was asked for.
+    pub fn fsyncs(&self) -> u64 {
+        lock(&self.state).fsyncs
+    }
+
+    /// Cuts the power: unmounts, then drops every write not synced. Stop the processes using
+    /// the files first (`kill -9`); a file still open stops the unmount from completing until it
+    /// is closed, and what it writes meanwhile is lost too.
+    pub fn power_cut(&mut self) -> Lost {
+        drop(self.session.take());
+        let mut state = lock(&self.state);
+        let state = &mut *state;
+        let mut lost = Lost::default();
+        for (ino, file) in &mut state.files {
+            let pages = file.forget();
+            if pages > 0 {
+                lost.files += 1;
+                lost.pages += pages;
+                let name = state
+                    .names
+                    .get(ino)
+                    .map(|n| n.to_string_lossy().into_owned());
+                *lost.by_file.entry(name.unwrap_or_default()).or_default() += pages;
+            }
+        }
+        lost
+    }
+
+    /// Serves the backing directory again after [`LazyFs::power_cut`].
+    pub fn mount_again(&mut self) -> io::Result<()> {
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName("hooklatch-lazyfs".to_owned()),
+            MountOption::DefaultPermissions,
+        ];
+        let daemon = Daemon {
+            state: self.state.clone(),
+        };
+        self.session = Some(fuser::spawn_mount2(daemon, &self.mountpoint, &config)?);
+        Ok(())
+    }
+}
+
+impl Drop for LazyFs {
+    fn drop(&mut self) {
+        drop(self.session.take());
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+struct State {
+    backing: PathBuf,
+    fsync: Fsync,
+    names: HashMap<u64, OsString>,
+    inodes: HashMap<OsString, u64>,
+    /// The files opened since the file system was made, by inode.
+    files: HashMap<u64, LazyFile>,
+    fsyncs: u64,
+}
+
+impl State {
+    /// The inode for `name`, made on first sight.
+    fn inode(&mut self, name: &OsStr) -> u64 {
+        if let Some(ino) = self.inodes.get(name) {
+            return *ino;
+        }
+        let ino = ROOT + 1 + self.names.len() as u64;
+        self.names.insert(ino, name.to_owned());
+        self.inodes.insert(name.to_owned(), ino);
+        ino
+    }
+
+    fn backing_path(&self, ino: u64) -> Option<PathBuf> {
+        self.names.get(&ino).map(|name| self.backing.join(name))
+    }
+
+    /// The file behind `ino`, its backing file opened on first use.
+    fn file(&mut self, ino: u64) -> Result<&mut LazyFile, Errno> {
+        if !self.files.contains_key(&ino) {
+            let path = self.backing_path(ino).ok_or(Errno::ENOENT)?;
+            let backing = File::options()
+                .read(true)
+                .write(true)
+                .open(path)
+                .map_err(|e| errno(&e))?;
+            let size = backing.metadata().map_err(|e| errno(&e))?.len();
+            self.files.insert(
+                ino,
+                LazyFile {
+                    backing,
+                    size,
+                    dirty: BTreeMap::new(),
+                    zero_from: None,
+                },
+            );
+        }
+        Ok(self.files.get_mut(&ino).expect("just inserted"))
+    }
+
+    fn attr(&mut self, ino: u64) -> Result<FileAttr, Errno> {
+        if ino == ROOT {
+            return Ok(attr(ino, 0, FileType::Directory, 0o755));
+        }
+        if let Some(file) = self.files.get(&ino) {
+            return Ok(attr(ino, file.size, FileType::RegularFile, 0o644));
+        }
+        let path = self.backing_path(ino).ok_or(Errno::ENOENT)?;
+        let meta = std::fs::metadata(path).map_err(|e| errno(&e))?;
+        Ok(attr(ino, meta.len(), FileType::RegularFile, 0o644))
+    }
+}
+
+/// A file's writes since its last sync, over its backing file.
+struct LazyFile {
+    backing: File,
+    /// The size readers see.
+    size: u64,
+    /// Pages written since the last sync, whole.
+    dirty: BTreeMap<u64, Vec<u8>>,
+    /// Truncated to this since the last sync: the backing file's bytes from here on read as
+    /// zeros.
+    zero_from: Option<u64>,
+}
+
+impl LazyFile {
+    /// Page `index` as readers see it.
+    fn page(&self, index: u64) -> io::Result<Vec<u8>> {
+        if let Some(page) = self.dirty.get(&index) {
+            return Ok(page.clone());
+        }
+        let mut page = vec![0u8; PAGE as usize];
+        let start = index * PAGE;
+        let on_disk = self.backing.metadata()?.len();
+        let end = (start + PAGE)
+            .min(on_disk)
+            .min(self.zero_from.unwrap_or(u64::MAX))
+            .min(self.size);
+        if end > start {
+            self.backing
+                .read_exact_at(&mut page[..(end - start) as usize], start)?;
+        }
+        Ok(page)
+    }
+
+    fn read(&self, offset: u64, len: u64) -> io::Result<Vec<u8>> {
+        let end = (offset + len).min(self.size);
+        let mut out = Vec::with_capacity(end.saturating_sub(offset) as usize);
+        let mut at = offset;
+        while at < end {
+            let page = self.page(at / PAGE)?;
+            let from = (at % PAGE) as usize;
+            let to = ((end - at) as usize + from).min(PAGE as usize);
+            out.extend_from_slice(&page[from..to]);
+            at += (to - from) as u64;
+        }
+        Ok(out)
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let at = offset + done as u64;
+            let index = at / PAGE;
+            let mut page = self.page(index)?;
+            let from = (at % PAGE) as usize;
+            let n = (PAGE as usize - from).min(data.len() - done);
+            page[from..from + n].copy_from_slice(&data[done..done + n]);
+            self.dirty.insert(index, page);
+            done += n;
+        }
+        self.size = self.size.max(offset + data.len() as u64);
+        Ok(())
+    }
+
+    fn truncate(&mut self, size: u64) -> io::Result<()> {
+        if size < self.size {
+            // The last page keeps its head; what follows reads as zeros if the file grows.
+            if !size.is_multiple_of(PAGE) {
+                let index = size / PAGE;
+                let mut page = self.page(index)?;
+                page[(size % PAGE) as usize..].fill(0);
+                self.dirty.insert(index, page);
+            }
+            self.dirty.retain(|index, _| index * PAGE < size);
+            self.zero_from = Some(self.zero_from.map_or(size, |z| z.min(size)));
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Writes every dirty page and the size to the backing file, and syncs it.
+    fn sync(&mut self) -> io::Result<()> {
+        if let Some(zero_from) = self.zero_from.take() {
+            self.backing.set_len(zero_from)?;
+        }
+        for (index, page) in &self.dirty {
+            let start = index * PAGE;
+            let len = (self.size.saturating_sub(start)).min(PAGE) as usize;
+            self.backing.write_all_at(&page[..len], start)?;
+        }
+        self.backing.set_len(self.size)?;
+        self.backing.sync_all()?;
+        self.dirty.clear();
+        Ok(())
+    }
+
+    /// Drops what was not synced; returns how many pages that was.
+    fn forget(&mut self) -> usize {
+        let pages = self.dirty.len();
+        self.dirty.clear();
+        self.zero_from = None;
+        self.size = self.backing.metadata().map_or(0, |m| m.len());
+        pages
+    }
+}
+
+fn attr(ino: u64, size: u64, kind: FileType, perm: u16) -> FileAttr {
+    let now = SystemTime::now();
+    FileAttr {
+        ino: INodeNo(ino),
+        size,
+        blocks: size.div_ceil(512),
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
+        kind,
+        perm,
+        nlink: if kind == FileType::Directory { 2 } else { 1 },
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: PAGE as u32,
+        flags: 0,
+    }
+}
+
+fn errno(err: &io::Error) -> Errno {
+    Errno::from_i32(err.raw_os_error().unwrap_or(0))
+}
+
+/// The FUSE side: every request under one lock.
+struct Daemon {
+    state: Arc<Mutex<State>>,
+}
+
+impl Daemon {
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+}
+
+impl Filesystem for Daemon {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let mut state = self.state();
+        if parent.0 != ROOT || !state.backing.join(name).exists() {
+            return reply.error(Errno::ENOENT);
+        }
+        let ino = state.inode(name);
+        match state.attr(ino) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.state().attr(ino.0) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let mut state = self.state();
+        if let Some(size) = size {
+            let truncated = state
+                .file(ino.0)
+                .and_then(|f| f.truncate(size).map_err(|e| errno(&e)));
+            if let Err(e) = truncated {
+                return reply.error(e);
+            }
+        }
+        match state.attr(ino.0) {
+            Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut state = self.state();
+        if parent.0 != ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        if let Err(e) = std::fs::remove_file(state.backing.join(name)) {
+            return reply.error(errno(&e));
+        }
+        if let Some(ino) = state.inodes.remove(name) {
+            state.files.remove(&ino);
+            state.names.remove(&ino);
+        }
+        reply.ok();
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.state().file(ino.0) {
+            Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let mut state = self.state();
+        let data = state
+            .file(ino.0)
+            .and_then(|f| f.read(offset, u64::from(size)).map_err(|e| errno(&e)));
+        match data {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let mut state = self.state();
+        let written = state
+            .file(ino.0)
+            .and_then(|f| f.write(offset, data).map_err(|e| errno(&e)));
+        match written {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut state = self.state();
+        state.fsyncs += 1;
+        if state.fsync == Fsync::Ignored {
+            return reply.ok();
+        }
+        match state
+            .file(ino.0)
+            .and_then(|f| f.sync().map_err(|e| errno(&e)))
+        {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let mut state = self.state();
+        if ino.0 != ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let names = match std::fs::read_dir(&state.backing) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok().map(|e| e.file_name()))
+                .collect::<Vec<_>>(),
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let mut entries = vec![
+            (ROOT, FileType::Directory, OsString::from(".")),
+            (ROOT, FileType::Directory, OsString::from("..")),
+        ];
+        for name in names {
+            let ino = state.inode(&name);
+            entries.push((ino, FileType::RegularFile, name));
+        }
+        for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mut state = self.state();
+        if parent.0 != ROOT {
+            return reply.error(Errno::ENOENT);
+        }
+        let path = state.backing.join(name);
+        if let Err(e) = File::options().create(true).append(true).open(&path) {
+            return reply.error(errno(&e));
+        }
+        let ino = state.inode(name);
+        let created = state.file(ino).map(|_| ()).and_then(|()| state.attr(ino));
+        match created {
+            Ok(attr) => reply.created(
+                &TTL,
+                &attr,
+                Generation(0),
+                FileHandle(0),
+                FopenFlags::empty(),
+            ),
+            Err(e) => reply.error(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(dir: &Path, name: &str) -> LazyFile {
+        let path = dir.join(name);
+        let backing = File::options()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        LazyFile {
+            backing,
+            size: 0,
+            dirty: BTreeMap::new(),
+            zero_from: None,
+        }
+    }
+
+    #[test]
+    fn unsynced_writes_are_read_back_then_lost_synced_ones_are_kept() {
+        let dir = std::env::temp_dir().join(format!("lazyfs-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut f = file(&dir, "a");
+        f.write(0, &[1u8; 5000]).unwrap();
+        f.write(4090, b"across a page").unwrap();
+        assert_eq!(f.size, 5000);
+        assert_eq!(&f.read(4090, 13).unwrap(), b"across a page");
+        assert_eq!(
+            std::fs::metadata(dir.join("a")).unwrap().len(),
+            0,
+            "nothing on disk"
+        );
+        f.sync().unwrap();
+        assert_eq!(
+            std::fs::read(dir.join("a")).unwrap()[4090..4103],
+            *b"across a page"
+        );
+
+        f.write(0, b"later").unwrap();
+        f.truncate(100).unwrap();
+        f.truncate(9000).unwrap();
+        assert_eq!(f.read(0, 5).unwrap(), b"later");
+        assert_eq!(
+            f.read(4090, 13).unwrap(),
+            vec![0; 13],
+            "zeros after the truncate"
+        );
+        assert_eq!(f.forget(), 1);
+        assert_eq!(f.size, 5000);
+        assert_eq!(f.read(0, 3).unwrap(), vec![1; 3], "the synced bytes");
+        assert_eq!(&f.read(4090, 13).unwrap(), b"across a page");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
