@@ -32,6 +32,7 @@ mod redeliver;
 mod redis;
 mod rejections;
 mod retries;
+mod rotation;
 mod seed;
 mod shutdown;
 mod store_full;
