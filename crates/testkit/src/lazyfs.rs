@@ -1,18 +1,22 @@
 //! A file system that forgets what was not fsynced, for power-loss tests (RELIABILITY.md T5):
 //! what LazyFS does for Jepsen (`lose-unfsynced-writes!`), in-process, with FUSE.
 //!
-//! [`LazyFs::mount`] serves one flat directory at a mount point, backed by a directory on the
+//! [`LazyFs::mount`] serves a directory tree at a mount point, backed by a directory on the
 //! real disk. A write reaches the daemon, which keeps it in memory, page by page; reads see
 //! it; only an `fsync` (or `fdatasync`) of that file writes its pages to the backing file and
 //! syncs it. [`LazyFs::power_cut`] unmounts (the kernel's cache of the files goes with the
 //! mount) and drops every page not synced: the backing directory is then what a disk would
-//! hold after the power went out. [`LazyFs::mount_again`] serves it again.
+//! hold after the power went out. [`LazyFs::mount_again`] serves it again. Files and
+//! directories keep the owner and mode of their backing ones, and the mount lets other users
+//! in (`allow_other`, with the kernel checking permissions), so a server that refuses to run
+//! as root (PostgreSQL) can keep its data there.
 //!
-//! Deliberate simplifications: creating, removing and renaming a file, and its size after a
-//! truncate once synced, are durable at once (a file system with a journal for its metadata);
-//! a sync writes whole pages, never tears one. [`Fsync::Ignored`] makes every fsync succeed
-//! without writing anything: a disk or a configuration that acknowledges what it did not
-//! keep, the control a power-loss test needs to show that it can see a loss at all.
+//! Deliberate simplifications: creating, removing and renaming files and directories, a
+//! file's owner and mode, and its size after a truncate once synced, are durable at once (a
+//! file system with a journal for its metadata); a sync writes whole pages, never tears one;
+//! no hard or symbolic links. [`Fsync::Ignored`] makes every fsync succeed without writing
+//! anything: a disk or a configuration that acknowledges what it did not keep, the control a
+//! power-loss test needs to show that it can see a loss at all.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{OsStr, OsString};
@@ -83,14 +87,7 @@ pub struct LazyFs {
 impl LazyFs {
     /// Serves `backing` (an existing directory) at `mountpoint` (an existing, empty one).
     pub fn mount(backing: &Path, mountpoint: &Path, fsync: Fsync) -> io::Result<LazyFs> {
-        let state = Arc::new(Mutex::new(State {
-            backing: backing.to_owned(),
-            fsync,
-            names: HashMap::new(),
-            inodes: HashMap::new(),
-            files: HashMap::new(),
-            fsyncs: 0,
-        }));
+        let state = Arc::new(Mutex::new(State::new(backing, fsync)));
         let mut fs = LazyFs {
             mountpoint: mountpoint.to_owned(),
             state,
@@ -124,9 +121,9 @@ impl LazyFs {
                 lost.files += 1;
                 lost.pages += pages;
                 let name = state
-                    .names
+                    .paths
                     .get(ino)
-                    .map(|n| n.to_string_lossy().into_owned());
+                    .map(|p| p.to_string_lossy().into_owned());
                 *lost.by_file.entry(name.unwrap_or_default()).or_default() += pages;
             }
         }
@@ -140,6 +137,7 @@ impl LazyFs {
             MountOption::FSName("hooklatch-lazyfs".to_owned()),
             MountOption::DefaultPermissions,
         ];
+        config.acl = fuser::SessionACL::All;
         let daemon = Daemon {
             state: self.state.clone(),
         };
@@ -163,33 +161,95 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 struct State {
     backing: PathBuf,
     fsync: Fsync,
-    names: HashMap<u64, OsString>,
-    inodes: HashMap<OsString, u64>,
+    /// Each inode's path under the backing directory (the root's is empty).
+    paths: HashMap<u64, PathBuf>,
+    inodes: HashMap<PathBuf, u64>,
+    next_inode: u64,
     /// The files opened since the file system was made, by inode.
     files: HashMap<u64, LazyFile>,
     fsyncs: u64,
 }
 
 impl State {
-    /// The inode for `name`, made on first sight.
-    fn inode(&mut self, name: &OsStr) -> u64 {
-        if let Some(ino) = self.inodes.get(name) {
+    fn new(backing: &Path, fsync: Fsync) -> State {
+        let mut state = State {
+            backing: backing.to_owned(),
+            fsync,
+            paths: HashMap::new(),
+            inodes: HashMap::new(),
+            next_inode: ROOT + 1,
+            files: HashMap::new(),
+            fsyncs: 0,
+        };
+        state.paths.insert(ROOT, PathBuf::new());
+        state.inodes.insert(PathBuf::new(), ROOT);
+        state
+    }
+
+    /// The inode for `path`, made on first sight.
+    fn inode(&mut self, path: &Path) -> u64 {
+        if let Some(ino) = self.inodes.get(path) {
             return *ino;
         }
-        let ino = ROOT + 1 + self.names.len() as u64;
-        self.names.insert(ino, name.to_owned());
-        self.inodes.insert(name.to_owned(), ino);
+        let ino = self.next_inode;
+        self.next_inode += 1;
+        self.paths.insert(ino, path.to_owned());
+        self.inodes.insert(path.to_owned(), ino);
         ino
     }
 
-    fn backing_path(&self, ino: u64) -> Option<PathBuf> {
-        self.names.get(&ino).map(|name| self.backing.join(name))
+    /// The path of `name` in directory `parent`.
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
+        let dir = self.paths.get(&parent.0).ok_or(Errno::ENOENT)?;
+        Ok(dir.join(name))
+    }
+
+    fn backing_path(&self, ino: u64) -> Result<PathBuf, Errno> {
+        let path = self.paths.get(&ino).ok_or(Errno::ENOENT)?;
+        Ok(self.backing.join(path))
+    }
+
+    /// Forgets `path` and everything under it (removed, or replaced by a rename).
+    fn forget_path(&mut self, path: &Path) {
+        let gone: Vec<u64> = self
+            .inodes
+            .iter()
+            .filter(|(p, _)| p.starts_with(path))
+            .map(|(_, ino)| *ino)
+            .collect();
+        for ino in gone {
+            if let Some(p) = self.paths.remove(&ino) {
+                self.inodes.remove(&p);
+            }
+            self.files.remove(&ino);
+        }
+    }
+
+    /// Moves `from` and everything under it to `to`, inodes and unsynced pages with them.
+    fn move_path(&mut self, from: &Path, to: &Path) {
+        let moved: Vec<(PathBuf, u64)> = self
+            .inodes
+            .iter()
+            .filter(|(p, _)| p.starts_with(from))
+            .map(|(p, ino)| (p.clone(), *ino))
+            .collect();
+        for (old, ino) in moved {
+            let rest = old.strip_prefix(from).expect("under from");
+            let new = if rest.as_os_str().is_empty() {
+                to.to_owned()
+            } else {
+                to.join(rest)
+            };
+            self.inodes.remove(&old);
+            self.inodes.insert(new.clone(), ino);
+            self.paths.insert(ino, new);
+        }
     }
 
     /// The file behind `ino`, its backing file opened on first use.
     fn file(&mut self, ino: u64) -> Result<&mut LazyFile, Errno> {
         if !self.files.contains_key(&ino) {
-            let path = self.backing_path(ino).ok_or(Errno::ENOENT)?;
+            let path = self.backing_path(ino)?;
             let backing = File::options()
                 .read(true)
                 .write(true)
@@ -209,16 +269,19 @@ impl State {
         Ok(self.files.get_mut(&ino).expect("just inserted"))
     }
 
-    fn attr(&mut self, ino: u64) -> Result<FileAttr, Errno> {
-        if ino == ROOT {
-            return Ok(attr(ino, 0, FileType::Directory, 0o755));
+    /// `ino`'s attributes: its backing file's, with the size readers see.
+    fn attr(&self, ino: u64) -> Result<FileAttr, Errno> {
+        let meta = std::fs::symlink_metadata(self.backing_path(ino)?).map_err(|e| errno(&e))?;
+        let size = self.files.get(&ino).map_or(meta.len(), |f| f.size);
+        Ok(attr(ino, size, &meta))
+    }
+
+    fn entry(&mut self, path: &Path, reply: ReplyEntry) {
+        let ino = self.inode(path);
+        match self.attr(ino) {
+            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
+            Err(e) => reply.error(e),
         }
-        if let Some(file) = self.files.get(&ino) {
-            return Ok(attr(ino, file.size, FileType::RegularFile, 0o644));
-        }
-        let path = self.backing_path(ino).ok_or(Errno::ENOENT)?;
-        let meta = std::fs::metadata(path).map_err(|e| errno(&e))?;
-        Ok(attr(ino, meta.len(), FileType::RegularFile, 0o644))
     }
 }
 
@@ -326,21 +389,29 @@ impl LazyFile {
     }
 }
 
-fn attr(ino: u64, size: u64, kind: FileType, perm: u16) -> FileAttr {
-    let now = SystemTime::now();
+fn attr(ino: u64, size: u64, meta: &std::fs::Metadata) -> FileAttr {
+    use std::os::unix::fs::MetadataExt;
+    let kind = if meta.is_dir() {
+        FileType::Directory
+    } else {
+        FileType::RegularFile
+    };
+    let time = |secs: i64| {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(u64::try_from(secs).unwrap_or_default())
+    };
     FileAttr {
         ino: INodeNo(ino),
         size,
         blocks: size.div_ceil(512),
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
+        atime: time(meta.atime()),
+        mtime: time(meta.mtime()),
+        ctime: time(meta.ctime()),
+        crtime: time(meta.ctime()),
         kind,
-        perm,
-        nlink: if kind == FileType::Directory { 2 } else { 1 },
-        uid: 0,
-        gid: 0,
+        perm: (meta.mode() & 0o7777) as u16,
+        nlink: meta.nlink() as u32,
+        uid: meta.uid(),
+        gid: meta.gid(),
         rdev: 0,
         blksize: PAGE as u32,
         flags: 0,
@@ -349,6 +420,16 @@ fn attr(ino: u64, size: u64, kind: FileType, perm: u16) -> FileAttr {
 
 fn errno(err: &io::Error) -> Errno {
     Errno::from_i32(err.raw_os_error().unwrap_or(0))
+}
+
+/// Gives what a request made to the user who asked, with `mode` less `umask`.
+fn own(path: &Path, req: &Request, mode: u32, umask: u32) -> io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        path,
+        std::fs::Permissions::from_mode(mode & !umask & 0o7777),
+    )?;
+    std::os::unix::fs::chown(path, Some(req.uid()), Some(req.gid()))
 }
 
 /// The FUSE side: every request under one lock.
@@ -365,14 +446,14 @@ impl Daemon {
 impl Filesystem for Daemon {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let mut state = self.state();
-        if parent.0 != ROOT || !state.backing.join(name).exists() {
+        let path = match state.child(parent, name) {
+            Ok(path) => path,
+            Err(e) => return reply.error(e),
+        };
+        if std::fs::symlink_metadata(state.backing.join(&path)).is_err() {
             return reply.error(Errno::ENOENT);
         }
-        let ino = state.inode(name);
-        match state.attr(ino) {
-            Ok(attr) => reply.entry(&TTL, &attr, Generation(0)),
-            Err(e) => reply.error(e),
-        }
+        state.entry(&path, reply);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -386,9 +467,9 @@ impl Filesystem for Daemon {
         &self,
         _req: &Request,
         ino: INodeNo,
-        _mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
         _atime: Option<fuser::TimeOrNow>,
         _mtime: Option<fuser::TimeOrNow>,
@@ -400,34 +481,106 @@ impl Filesystem for Daemon {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        use std::os::unix::fs::PermissionsExt;
         let mut state = self.state();
-        if let Some(size) = size {
-            let truncated = state
-                .file(ino.0)
-                .and_then(|f| f.truncate(size).map_err(|e| errno(&e)));
-            if let Err(e) = truncated {
-                return reply.error(e);
+        let changed = (|| {
+            let path = state.backing_path(ino.0)?;
+            if let Some(mode) = mode {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode & 0o7777))
+                    .map_err(|e| errno(&e))?;
             }
-        }
-        match state.attr(ino.0) {
+            if uid.is_some() || gid.is_some() {
+                std::os::unix::fs::chown(&path, uid, gid).map_err(|e| errno(&e))?;
+            }
+            if let Some(size) = size {
+                state.file(ino.0)?.truncate(size).map_err(|e| errno(&e))?;
+            }
+            state.attr(ino.0)
+        })();
+        match changed {
             Ok(attr) => reply.attr(&TTL, &attr),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let mut state = self.state();
+        let made = state.child(parent, name).and_then(|path| {
+            let real = state.backing.join(&path);
+            std::fs::create_dir(&real)
+                .and_then(|()| own(&real, req, mode, umask))
+                .map_err(|e| errno(&e))?;
+            Ok(path)
+        });
+        match made {
+            Ok(path) => state.entry(&path, reply),
             Err(e) => reply.error(e),
         }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let mut state = self.state();
-        if parent.0 != ROOT {
-            return reply.error(Errno::ENOENT);
+        let removed = state.child(parent, name).and_then(|path| {
+            std::fs::remove_file(state.backing.join(&path)).map_err(|e| errno(&e))?;
+            Ok(path)
+        });
+        match removed {
+            Ok(path) => {
+                state.forget_path(&path);
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
         }
-        if let Err(e) = std::fs::remove_file(state.backing.join(name)) {
-            return reply.error(errno(&e));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut state = self.state();
+        let removed = state.child(parent, name).and_then(|path| {
+            std::fs::remove_dir(state.backing.join(&path)).map_err(|e| errno(&e))?;
+            Ok(path)
+        });
+        match removed {
+            Ok(path) => {
+                state.forget_path(&path);
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
         }
-        if let Some(ino) = state.inodes.remove(name) {
-            state.files.remove(&ino);
-            state.names.remove(&ino);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        _flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mut state = self.state();
+        let renamed = state.child(parent, name).and_then(|from| {
+            let to = state.child(newparent, newname)?;
+            std::fs::rename(state.backing.join(&from), state.backing.join(&to))
+                .map_err(|e| errno(&e))?;
+            Ok((from, to))
+        });
+        match renamed {
+            Ok((from, to)) => {
+                state.forget_path(&to);
+                state.move_path(&from, &to);
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -533,22 +686,33 @@ impl Filesystem for Daemon {
         mut reply: ReplyDirectory,
     ) {
         let mut state = self.state();
-        if ino.0 != ROOT {
-            return reply.error(Errno::ENOTDIR);
-        }
-        let names = match std::fs::read_dir(&state.backing) {
-            Ok(entries) => entries
-                .filter_map(|e| e.ok().map(|e| e.file_name()))
-                .collect::<Vec<_>>(),
-            Err(e) => return reply.error(errno(&e)),
+        let listed = state.backing_path(ino.0).and_then(|dir| {
+            let entries = std::fs::read_dir(dir).map_err(|e| errno(&e))?;
+            Ok(entries
+                .filter_map(Result::ok)
+                .map(|e| {
+                    let dir = e.file_type().is_ok_and(|t| t.is_dir());
+                    (e.file_name(), dir)
+                })
+                .collect::<Vec<_>>())
+        });
+        let names = match listed {
+            Ok(names) => names,
+            Err(e) => return reply.error(e),
         };
+        let parent = state.paths.get(&ino.0).cloned().unwrap_or_default();
         let mut entries = vec![
-            (ROOT, FileType::Directory, OsString::from(".")),
-            (ROOT, FileType::Directory, OsString::from("..")),
+            (ino.0, FileType::Directory, OsString::from(".")),
+            (ino.0, FileType::Directory, OsString::from("..")),
         ];
-        for name in names {
-            let ino = state.inode(&name);
-            entries.push((ino, FileType::RegularFile, name));
+        for (name, dir) in names {
+            let child = state.inode(&parent.join(&name));
+            let kind = if dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            entries.push((child, kind, name));
         }
         for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), i as u64 + 1, kind, name) {
@@ -558,30 +722,34 @@ impl Filesystem for Daemon {
         reply.ok();
     }
 
-    fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
-        reply.ok();
-    }
-
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
-        _mode: u32,
-        _umask: u32,
-        _flags: i32,
+        mode: u32,
+        umask: u32,
+        flags: i32,
         reply: ReplyCreate,
     ) {
+        const O_EXCL: i32 = 0o200;
         let mut state = self.state();
-        if parent.0 != ROOT {
-            return reply.error(Errno::ENOENT);
-        }
-        let path = state.backing.join(name);
-        if let Err(e) = File::options().create(true).append(true).open(&path) {
-            return reply.error(errno(&e));
-        }
-        let ino = state.inode(name);
-        let created = state.file(ino).map(|_| ()).and_then(|()| state.attr(ino));
+        let created = state.child(parent, name).and_then(|path| {
+            let real = state.backing.join(&path);
+            let mut open = File::options();
+            open.write(true);
+            if flags & O_EXCL != 0 {
+                open.create_new(true);
+            } else {
+                open.create(true);
+            }
+            open.open(&real)
+                .and_then(|_| own(&real, req, mode, umask))
+                .map_err(|e| errno(&e))?;
+            let ino = state.inode(&path);
+            state.file(ino)?;
+            state.attr(ino)
+        });
         match created {
             Ok(attr) => reply.created(
                 &TTL,

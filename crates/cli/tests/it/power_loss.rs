@@ -1,18 +1,21 @@
-//! T5, power loss (RELIABILITY.md): the gateway's SQLite store on a file system that loses
-//! every write not fsynced when the power goes (`hooklatch_testkit::lazyfs`, FUSE, what LazyFS
-//! does for Jepsen). kill -9 alone cannot show a wrong fsync policy: the kernel still writes
-//! its page cache out. Here, after each cut, the disk holds only what was fsynced.
+//! T5, power loss (RELIABILITY.md): the gateway's store on a file system that loses every
+//! write not fsynced when the power goes (`hooklatch_testkit::lazyfs`, FUSE, what LazyFS does
+//! for Jepsen) — the SQLite file, or a private PostgreSQL server's data directory. kill -9 alone
+//! cannot show a wrong fsync policy: the kernel still writes its page cache out. Here, after
+//! each cut, the disk holds only what was fsynced.
 //!
 //! A burst of distinct events from 16 senders; after a number of 2xx drawn from the card's
-//! seed the gateway is killed, the power cut and the file system served again; the gateway
-//! starts on what the disk kept, and every event acknowledged before the cut, sent again as
-//! its provider would, must be answered `duplicate` — `accepted` would mean the store forgot
-//! an event it had acknowledged. Three cuts on one store, then every acknowledged event must
-//! reach the application. The control runs the same with every fsync acknowledged and
-//! ignored: it must lose acknowledged events, or this test could not see a loss at all.
+//! seed the gateway (and PostgreSQL) are killed, the power cut and the file system served
+//! again; the store starts on what the disk kept, and every event acknowledged before the cut,
+//! sent again as its provider would, must be answered `duplicate` — `accepted` would mean the
+//! store forgot an event it had acknowledged. Three cuts on one store. Each store has a
+//! control that must lose acknowledged events, or the test could not see a loss at all:
+//! SQLite's with every fsync acknowledged and ignored, PostgreSQL's with
+//! `synchronous_commit=off`.
 //!
-//! Needs `/dev/fuse` and root (the mount goes without `fusermount`); prints `skipped:` otherwise,
-//! under `CI` too (nothing `.ci/run` installs can give a machine FUSE).
+//! Needs `/dev/fuse` and root (the mount goes without `fusermount`), and for PostgreSQL its
+//! programs and its `postgres` user; prints `skipped:` otherwise, under `CI` too (nothing
+//! `.ci/run` installs can give a machine FUSE).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,7 +62,13 @@ struct Cuts {
 
 /// Runs `cuts` bursts on one gateway over `fs`, each ended by kill -9 and a power cut after a
 /// number of acknowledgements drawn from `seed`.
-async fn power_cuts(gw: &mut Gateway, fs: &mut LazyFs, seed: u64, cuts: usize) -> Cuts {
+async fn power_cuts(
+    gw: &mut Gateway,
+    fs: &mut LazyFs,
+    mut postgres: Option<&mut PrivatePostgres>,
+    seed: u64,
+    cuts: usize,
+) -> Cuts {
     let mut result = Cuts {
         acked: Vec::new(),
         lost: Vec::new(),
@@ -74,10 +83,18 @@ async fn power_cuts(gw: &mut Gateway, fs: &mut LazyFs, seed: u64, cuts: usize) -
         let kill_after = events / 3 + draw(seed, cut as u64, (events / 3) as u64) as usize;
         let acked = burst(gw, &ids, kill_after).await;
         gw.kill9();
+        if let Some(pg) = postgres.as_deref_mut() {
+            pg.kill9();
+        }
         for (file, pages) in fs.power_cut().by_file {
-            *result.dropped.entry(file).or_default() += pages;
+            // PostgreSQL's files by kind: `base/…`, `pg_wal/…`, `global/…`.
+            let kind = file.split('/').take(2).collect::<Vec<_>>().join("/");
+            *result.dropped.entry(kind).or_default() += pages;
         }
         fs.mount_again().expect("serving the disk again");
+        if let Some(pg) = postgres.as_deref_mut() {
+            pg.start().await;
+        }
         gw.restart().await;
 
         for id in &acked {
@@ -156,7 +173,7 @@ async fn every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let mut gw = Gateway::start_with(&handler, options(&fs)).await;
     let cuts = scaled(CUTS);
-    let result = power_cuts(&mut gw, &mut fs, seed, cuts).await;
+    let result = power_cuts(&mut gw, &mut fs, None, seed, cuts).await;
     card.count("ops", cuts * scaled(EVENTS_PER_CUT))
         .count("acked", result.acked.len())
         .count("lost", result.lost.len())
@@ -200,7 +217,7 @@ async fn with_fsyncs_ignored_the_power_cut_test_sees_acknowledged_events_lost() 
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let mut gw = Gateway::start_with(&handler, options(&fs)).await;
-    let result = power_cuts(&mut gw, &mut fs, seed, 1).await;
+    let result = power_cuts(&mut gw, &mut fs, None, seed, 1).await;
     card.count("ops", scaled(EVENTS_PER_CUT))
         .count("acked", result.acked.len())
         .count("lost", result.lost.len())
@@ -210,6 +227,246 @@ async fn with_fsyncs_ignored_the_power_cut_test_sees_acknowledged_events_lost() 
         !result.lost.is_empty(),
         "with every fsync ignored, a power cut lost none of {} acknowledged events: the test is \
          blind",
+        result.acked.len()
+    );
+}
+
+/// A PostgreSQL server of the test's own, its data directory on the lazy file system, run as
+/// the `postgres` user (it refuses root) in a process group of its own, so that kill -9 takes
+/// every backend with the postmaster.
+struct PrivatePostgres {
+    data: std::path::PathBuf,
+    log: std::path::PathBuf,
+    port: u16,
+    uid: u32,
+    gid: u32,
+    settings: Vec<String>,
+    child: Option<std::process::Child>,
+}
+
+impl PrivatePostgres {
+    /// `initdb` into `data` (made here, on the mount), with `settings` (`name=value`) for
+    /// every start. `None` (after printing why) without PostgreSQL's programs or its user.
+    fn init(data: &std::path::Path, log: &std::path::Path, settings: &[&str]) -> Option<Self> {
+        use std::os::unix::process::CommandExt;
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        let Some((uid, gid)) = passwd.lines().find_map(|line| {
+            let fields: Vec<&str> = line.split(':').collect();
+            (fields.first() == Some(&"postgres") && fields.len() > 3)
+                .then(|| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))
+                .flatten()
+        }) else {
+            println!("skipped: no postgres user to run a private PostgreSQL as");
+            return None;
+        };
+        std::fs::create_dir(data).expect("the data directory");
+        std::os::unix::fs::chown(data, Some(uid), Some(gid)).expect("giving it to postgres");
+        let initdb = std::process::Command::new("initdb")
+            .args(["-D", &data.display().to_string(), "-U", "postgres"])
+            .args(["--auth=trust", "--encoding=UTF8", "--locale=C"])
+            .uid(uid)
+            .gid(gid)
+            .env("HOME", data)
+            .output();
+        let out = match initdb {
+            Ok(out) => out,
+            Err(err) => {
+                println!("skipped: initdb did not run ({err})");
+                return None;
+            }
+        };
+        assert!(
+            out.status.success(),
+            "initdb on the lazy file system: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        Some(PrivatePostgres {
+            data: data.to_owned(),
+            log: log.to_owned(),
+            port,
+            uid,
+            gid,
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
+            child: None,
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Starts the server (recovering from a crash if there was one) and waits until it
+    /// accepts connections.
+    async fn start(&mut self) {
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("the server's log");
+        let mut cmd = std::process::Command::new("postgres");
+        cmd.args(["-D", &self.data.display().to_string()])
+            .args(["-p", &self.port.to_string()])
+            .args([
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "unix_socket_directories=",
+            ]);
+        for setting in &self.settings {
+            cmd.args(["-c", setting]);
+        }
+        let child = cmd
+            .uid(self.uid)
+            .gid(self.gid)
+            .process_group(0)
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .expect("starting postgres");
+        self.child = Some(child);
+        let url = self.url();
+        crate::support::eventually_within(
+            "the private PostgreSQL accepts connections",
+            std::time::Duration::from_secs(60),
+            async || {
+                use sqlx::Connection;
+                sqlx::PgConnection::connect(&url).await.is_ok()
+            },
+        )
+        .await;
+    }
+
+    /// kill -9 of the postmaster and every backend.
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", child.id())])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
+    /// The server's log, for a failing test.
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A gateway on a private PostgreSQL whose data directory is on a lazy file system, put
+/// through `cuts` power cuts; `settings` go to the server, `unsafe_ok` lets the gateway start
+/// on settings it would refuse.
+async fn postgres_power_cuts(
+    card: &mut Card,
+    fsync: Fsync,
+    settings: &[&str],
+    unsafe_ok: bool,
+    cuts: usize,
+) -> Option<Cuts> {
+    let seed = card.seed();
+    let (dir, mut fs) = mounted(fsync)?;
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // postgres must reach its data directory through the temp dir.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("opening the temp dir");
+        std::fs::set_permissions(fs.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("opening the mount");
+    }
+    let mut pg = PrivatePostgres::init(
+        &fs.path().join("pgdata"),
+        &dir.path().join("postgres.log"),
+        settings,
+    )?;
+    pg.start().await;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut options = Options {
+        store_url: Some(pg.url()),
+        ..Options::default()
+    };
+    if unsafe_ok {
+        options.extra_env.push((
+            "HOOKLATCH_ALLOW_UNSAFE_DURABILITY".to_owned(),
+            "true".to_owned(),
+        ));
+    }
+    let mut gw = Gateway::start_with(&handler, options).await;
+    let result = power_cuts(&mut gw, &mut fs, Some(&mut pg), seed, cuts).await;
+    if !result.lost.is_empty() {
+        println!("postgres log:\n{}", pg.log_tail());
+    }
+    // What the store kept goes out: every acknowledged event it did not lose.
+    wait_until_within(
+        "every kept event delivered",
+        std::time::Duration::from_secs(60),
+        || {
+            let seen = handler.distinct_keys();
+            result
+                .acked
+                .iter()
+                .filter(|id| !result.lost.contains(id))
+                .all(|id| seen.contains(&format!("stripe:{id}")))
+        },
+    )
+    .await;
+    card.count("ops", cuts * scaled(EVENTS_PER_CUT))
+        .count("acked", result.acked.len())
+        .count("lost", result.lost.len())
+        .fault("power_cut", cuts)
+        .figure("pages_dropped", serde_json::json!(result.dropped))
+        .figure("fsyncs", fs.fsyncs());
+    drop(gw);
+    drop(pg);
+    drop(fs);
+    Some(result)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
+    let mut card = Card::new("T5", "postgres");
+    let Some(result) =
+        postgres_power_cuts(&mut card, Fsync::Honoured, &[], false, scaled(CUTS)).await
+    else {
+        return;
+    };
+    assert!(
+        result.lost.is_empty(),
+        "{} of {} acknowledged events forgotten after a power cut: {:?}",
+        result.lost.len(),
+        result.acked.len(),
+        &result.lost[..result.lost.len().min(10)]
+    );
+}
+
+/// The control on PostgreSQL is the setting the plan names: `synchronous_commit=off` (the WAL
+/// writer flushes commits later, here at most every 10 s), which the gateway refuses unless
+/// told to start anyway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_with_synchronous_commit_off_the_power_cut_test_sees_events_lost() {
+    let mut card = Card::new("T5", "postgres-synchronous-commit-off");
+    let settings = ["synchronous_commit=off", "wal_writer_delay=10000"];
+    let Some(result) = postgres_power_cuts(&mut card, Fsync::Honoured, &settings, true, 1).await
+    else {
+        return;
+    };
+    card.figure("control", true);
+    assert!(
+        !result.lost.is_empty(),
+        "with synchronous_commit=off, a power cut lost none of {} acknowledged events: the \
+         test is blind",
         result.acked.len()
     );
 }
