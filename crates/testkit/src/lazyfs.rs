@@ -441,6 +441,28 @@ impl Daemon {
     fn state(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
+
+    /// `unlink` and `rmdir`: `remove` on the backing path, then the inodes under it forgotten.
+    fn remove(
+        &self,
+        parent: INodeNo,
+        name: &OsStr,
+        remove: fn(&Path) -> io::Result<()>,
+        reply: ReplyEmpty,
+    ) {
+        let mut state = self.state();
+        let removed = state.child(parent, name).and_then(|path| {
+            remove(&state.backing.join(&path)).map_err(|e| errno(&e))?;
+            Ok(path)
+        });
+        match removed {
+            Ok(path) => {
+                state.forget_path(&path);
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
+        }
+    }
 }
 
 impl Filesystem for Daemon {
@@ -527,33 +549,11 @@ impl Filesystem for Daemon {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut state = self.state();
-        let removed = state.child(parent, name).and_then(|path| {
-            std::fs::remove_file(state.backing.join(&path)).map_err(|e| errno(&e))?;
-            Ok(path)
-        });
-        match removed {
-            Ok(path) => {
-                state.forget_path(&path);
-                reply.ok();
-            }
-            Err(e) => reply.error(e),
-        }
+        self.remove(parent, name, |p| std::fs::remove_file(p), reply);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let mut state = self.state();
-        let removed = state.child(parent, name).and_then(|path| {
-            std::fs::remove_dir(state.backing.join(&path)).map_err(|e| errno(&e))?;
-            Ok(path)
-        });
-        match removed {
-            Ok(path) => {
-                state.forget_path(&path);
-                reply.ok();
-            }
-            Err(e) => reply.error(e),
-        }
+        self.remove(parent, name, |p| std::fs::remove_dir(p), reply);
     }
 
     fn rename(

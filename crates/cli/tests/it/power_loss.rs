@@ -60,6 +60,25 @@ struct Cuts {
     dropped: std::collections::BTreeMap<String, usize>,
 }
 
+impl Cuts {
+    /// What the store kept goes out: every acknowledged event it did not lose reaches the
+    /// application.
+    async fn wait_until_kept_are_delivered(&self, handler: &Handler) {
+        wait_until_within(
+            "every acknowledged event kept is delivered",
+            std::time::Duration::from_secs(60),
+            || {
+                let seen = handler.distinct_keys();
+                self.acked
+                    .iter()
+                    .filter(|id| !self.lost.contains(id))
+                    .all(|id| seen.contains(&format!("stripe:{id}")))
+            },
+        )
+        .await;
+    }
+}
+
 /// Runs `cuts` bursts on one gateway over `fs`, each ended by kill -9 and a power cut after a
 /// number of acknowledgements drawn from `seed`.
 async fn power_cuts(
@@ -194,18 +213,7 @@ async fn every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
         !result.dropped.is_empty(),
         "the cuts dropped nothing: they came when nothing was in flight"
     );
-    wait_until_within(
-        "every acknowledged event delivered",
-        std::time::Duration::from_secs(60),
-        || {
-            let seen = handler.distinct_keys();
-            result
-                .acked
-                .iter()
-                .all(|id| seen.contains(&format!("stripe:{id}")))
-        },
-    )
-    .await;
+    result.wait_until_kept_are_delivered(&handler).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -408,20 +416,7 @@ async fn postgres_power_cuts(
     if !result.lost.is_empty() {
         println!("postgres log:\n{}", pg.log_tail());
     }
-    // What the store kept goes out: every acknowledged event it did not lose.
-    wait_until_within(
-        "every kept event delivered",
-        std::time::Duration::from_secs(60),
-        || {
-            let seen = handler.distinct_keys();
-            result
-                .acked
-                .iter()
-                .filter(|id| !result.lost.contains(id))
-                .all(|id| seen.contains(&format!("stripe:{id}")))
-        },
-    )
-    .await;
+    result.wait_until_kept_are_delivered(&handler).await;
     card.count("ops", cuts * scaled(EVENTS_PER_CUT))
         .count("acked", result.acked.len())
         .count("lost", result.lost.len())
