@@ -12,6 +12,8 @@
 /// The points, in the order a request meets them.
 pub const POINTS: &[&str] = &[
     INGEST_BEFORE_COMMIT,
+    KEYS_AFTER_CLAIM_BEFORE_STORE,
+    KEYS_AFTER_STORE_BEFORE_DONE,
     INGEST_AFTER_COMMIT_BEFORE_ANSWER,
     WORKER_AFTER_LEASE_BEFORE_SEND,
     WORKER_AFTER_2XX_BEFORE_RECORD,
@@ -24,6 +26,10 @@ pub const FALLIBLE_POINTS: &[&str] = &[INGEST_BEFORE_COMMIT, INGEST_AFTER_COMMIT
 
 /// Ingest verified the request and is about to write it.
 pub const INGEST_BEFORE_COMMIT: &str = "ingest_before_commit";
+/// Redis-keys mode: the request's keys are leased in Redis; nothing is in the store.
+pub const KEYS_AFTER_CLAIM_BEFORE_STORE: &str = "keys_after_claim_before_store";
+/// Redis-keys mode: the store committed the request; its keys are not marked done in Redis.
+pub const KEYS_AFTER_STORE_BEFORE_DONE: &str = "keys_after_store_before_done";
 /// Ingest's transaction committed; the provider has not been answered.
 pub const INGEST_AFTER_COMMIT_BEFORE_ANSWER: &str = "ingest_after_commit_before_answer";
 /// A worker holds a delivery's lease and has not sent it.

@@ -236,6 +236,91 @@ async fn killing_one_of_three_instances_loses_no_acknowledged_event() {
 /// would) makes the gateway's ingest of X wait on the unique index — visible in
 /// `pg_stat_activity` as a lock wait — then answer `duplicate` once it commits, or claim X
 /// (`accepted`) once it rolls back.
+/// Another session's claim of Stripe event `id` (with `body`), inserted and not committed:
+/// the session holding it open.
+async fn hold_claim(db: &Database, id: &str, body: &[u8]) -> sqlx::PgConnection {
+    let sha = hooklatch::core::secret::sha256(body);
+    let now = hooklatch::core::Timestamp::now().as_millis();
+    let mut holder = sqlx::PgConnection::connect(&db.url())
+        .await
+        .expect("a second session");
+    sqlx::query("BEGIN")
+        .execute(&mut holder)
+        .await
+        .expect("BEGIN");
+    sqlx::query(
+        "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
+         VALUES ('stripe', $1, $2, 0, $3, $4)",
+    )
+    .bind(id)
+    .bind(&sha[..])
+    .bind(now)
+    .bind(now + 7 * 86_400_000)
+    .execute(&mut holder)
+    .await
+    .expect("the uncommitted claim");
+    holder
+}
+
+/// T2, past the wait limit: a claim another session holds uncommitted for longer than the
+/// store's `lock_timeout` (1 s here) makes the gateway answer 503 with `Retry-After` — never
+/// 2xx, since it cannot know whether that claim will commit; once the
+/// holder rolls back, the provider's retry is accepted and delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_held_past_the_wait_limit_is_503_never_2xx_then_the_retry_lands() {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T2", "postgres");
+    let mut url = reqwest::Url::parse(&db.url()).expect("the database URL");
+    url.query_pairs_mut().append_pair("lock_timeout", "1s");
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(url.to_string()),
+            ..Options::default()
+        },
+    )
+    .await;
+    let id = unique("evt_pg_wait_limit");
+    let body = stripe_invoice_paid(&id, 5000);
+    let holder = hold_claim(&db, &id, &body).await;
+
+    let res = gateway
+        .ingest()
+        .send("stripe", &stripe_headers(&body), body.clone())
+        .await
+        .expect("an answer, not a hang");
+    assert_eq!(
+        res.status().as_u16(),
+        503,
+        "never 2xx while the claim is in doubt"
+    );
+    assert!(res.headers().contains_key("retry-after"));
+    let json: serde_json::Value = res.json().await.expect("a JSON error");
+    assert_eq!(json["code"], "store_unavailable", "{json}");
+
+    drop(holder); // the session ends: its transaction rolls back
+    let key = format!("stripe:{id}");
+    eventually_within("the retry accepted", Duration::from_secs(30), async || {
+        let (status, json) = gateway
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        (status, json["status"].as_str()) == (200, Some("accepted"))
+    })
+    .await;
+    gateway.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(handler.count_for(&key), 1);
+    card.count("ops", 2)
+        .count("acked", 1)
+        .count("lost", 0)
+        .count("duplicates", 0)
+        .fault("held_claim", 1);
+    drop(gateway);
+    db.drop_now().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
     let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
@@ -253,26 +338,7 @@ async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
     for (finish, expected) in [("COMMIT", "duplicate"), ("ROLLBACK", "accepted")] {
         let id = unique("evt_pg_wait");
         let body = stripe_invoice_paid(&id, 5000);
-        let sha = hooklatch::core::secret::sha256(&body);
-        let now = hooklatch::core::Timestamp::now().as_millis();
-        let mut holder = sqlx::PgConnection::connect(&db.url())
-            .await
-            .expect("a second session");
-        sqlx::query("BEGIN")
-            .execute(&mut holder)
-            .await
-            .expect("BEGIN");
-        sqlx::query(
-            "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
-             VALUES ('stripe', $1, $2, 0, $3, $4)",
-        )
-        .bind(&id)
-        .bind(&sha[..])
-        .bind(now)
-        .bind(now + 7 * 86_400_000)
-        .execute(&mut holder)
-        .await
-        .expect("the uncommitted claim");
+        let mut holder = hold_claim(&db, &id, &body).await;
 
         let ingest = gateway.ingest();
         let post = tokio::spawn({

@@ -536,3 +536,88 @@ async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
 async fn redis_connections_reset_are_503_never_2xx_then_recover() {
     redis_outage("reset_peer", |proxy| proxy.reset_peer()).await;
 }
+
+/// T2 and T3 in Redis-keys mode: a gateway that dies mid-claim, at the crash points
+/// `keys_after_claim_before_store` (its keys leased in Redis, nothing in the store) and
+/// `keys_after_store_before_done` (queued in the store, the keys not marked done), with a 3 s
+/// key lease. Started again, the provider's retries meet the dead gateway's lease (409
+/// `in_flight`, `Retry-After`) until it runs out — never a 2xx while the event is in doubt —
+/// and then one is accepted. Died before the store: the event is delivered once. Died after:
+/// it is queued again and delivered twice, with the same `Idempotency-Key`, as README's "Redis
+/// key store" table says (`gateway dies after queuing, before marking done`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_keys_gateway_dying_mid_claim_leaves_a_lease_the_retry_waits_out() {
+    use hooklatch_core::crash;
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T2", "redis");
+    let mut in_flight = 0;
+    for (point, deliveries) in [
+        (crash::KEYS_AFTER_CLAIM_BEFORE_STORE, 1),
+        (crash::KEYS_AFTER_STORE_BEFORE_DONE, 2),
+    ] {
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let mut options = keys.options("");
+        options
+            .extra_env
+            .push(("HOOKLATCH_STORE__KEY_LEASE".to_owned(), "3s".to_owned()));
+        options
+            .extra_env
+            .push(("FAILPOINTS".to_owned(), format!("{point}=return")));
+        let mut gw = Gateway::start_with(&handler, options).await;
+        let event_id = unique("evt_redis_crash");
+        let key = format!("stripe:{event_id}");
+        let body = stripe_invoice_paid(&event_id, 5000);
+
+        let first = gw
+            .ingest()
+            .try_post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        assert!(
+            first.is_err(),
+            "{point}: answered before the crash: {first:?}"
+        );
+        let status = gw.wait_exit().await;
+        assert!(!status.success(), "{point}: the process aborted: {status}");
+        gw.reconfigure(|o| o.extra_env.retain(|(name, _)| name != "FAILPOINTS"));
+        gw.restart().await;
+
+        // The provider retries until it hears 2xx; before the lease runs out it hears 409.
+        eventually_within(
+            "a retry accepted once the lease runs out",
+            Duration::from_secs(30),
+            async || {
+                let (status, json) = gw
+                    .post("stripe", &stripe_headers(&body), body.clone())
+                    .await;
+                match (status, json["status"].as_str(), json["code"].as_str()) {
+                    (200, Some("accepted"), _) => true,
+                    (409, _, Some("in_flight")) => {
+                        in_flight += 1;
+                        false
+                    }
+                    _ => panic!("{point}: {status} {json}"),
+                }
+            },
+        )
+        .await;
+        wait_until_within("the deliveries", Duration::from_secs(30), || {
+            handler.count_for(&key) >= deliveries
+        })
+        .await;
+        let received = handler.received_for(&key);
+        assert_eq!(received.len(), deliveries, "{point}");
+        assert!(
+            received.iter().all(|r| r.header("idempotency-key") == key),
+            "{point}: one key"
+        );
+        card.fault(point, 1);
+    }
+    card.count("ops", 4)
+        .count("acked", 2)
+        .count("lost", 0)
+        .count("duplicates", 1)
+        .figure("in_flight_answers", in_flight as u64);
+    keys.clean_up().await;
+}

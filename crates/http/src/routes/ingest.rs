@@ -519,6 +519,7 @@ async fn ingest_with_keys(
         });
     }
     ingest.keys = KeyDecision::Decided(decided);
+    crash::point(crash::KEYS_AFTER_CLAIM_BEFORE_STORE);
     let source = ingest.source.clone();
     let retention = ingest.retention;
     let first_seen = ingest.request.received_at;
@@ -535,6 +536,7 @@ async fn ingest_with_keys(
             return Err(Refused::Store(err));
         }
     };
+    crash::point(crash::KEYS_AFTER_STORE_BEFORE_DONE);
     if !claimed.is_empty() {
         let done = DoneKey {
             first_request: outcome.request_id,
