@@ -107,11 +107,11 @@ impl LazyFs {
         lock(&self.state).fsyncs
     }
 
-    /// Cuts the power: unmounts, then drops every write not synced. Stop the processes using
-    /// the files first (`kill -9`); a file still open stops the unmount from completing until it
-    /// is closed, and what it writes meanwhile is lost too.
+    /// Cuts the power: from this moment the mount answers every request with an I/O error (a
+    /// process still writing writes nothing more), it is detached, and every write not synced
+    /// is dropped. Kill the processes using the files first (`kill -9`).
     pub fn power_cut(&mut self) -> Lost {
-        drop(self.session.take());
+        self.unmount();
         let mut state = lock(&self.state);
         let state = &mut *state;
         let mut lost = Lost::default();
@@ -140,15 +140,29 @@ impl LazyFs {
         config.acl = fuser::SessionACL::All;
         let daemon = Daemon {
             state: self.state.clone(),
+            generation: lock(&self.state).generation,
         };
         self.session = Some(fuser::spawn_mount2(daemon, &self.mountpoint, &config)?);
         Ok(())
     }
 }
 
+impl LazyFs {
+    /// Ends the current mount: its daemon stops serving (the generation moves on), the mount
+    /// is detached (lazily: `umount` would fail while a dying process still holds a file), and
+    /// the session is let go.
+    fn unmount(&mut self) {
+        lock(&self.state).generation += 1;
+        if let Some(session) = self.session.take() {
+            let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            drop(session);
+        }
+    }
+}
+
 impl Drop for LazyFs {
     fn drop(&mut self) {
-        drop(self.session.take());
+        self.unmount();
     }
 }
 
@@ -168,6 +182,8 @@ struct State {
     /// The files opened since the file system was made, by inode.
     files: HashMap<u64, LazyFile>,
     fsyncs: u64,
+    /// Which mount serves: a daemon of an earlier one (cut off) answers `EIO`.
+    generation: u64,
 }
 
 impl State {
@@ -180,6 +196,7 @@ impl State {
             next_inode: ROOT + 1,
             files: HashMap::new(),
             fsyncs: 0,
+            generation: 0,
         };
         state.paths.insert(ROOT, PathBuf::new());
         state.inodes.insert(PathBuf::new(), ROOT);
@@ -435,11 +452,24 @@ fn own(path: &Path, req: &Request, mode: u32, umask: u32) -> io::Result<()> {
 /// The FUSE side: every request under one lock.
 struct Daemon {
     state: Arc<Mutex<State>>,
+    /// The mount this daemon serves.
+    generation: u64,
+}
+
+/// The state, or the reply's `EIO` when the power of this daemon's mount was cut.
+macro_rules! live {
+    ($daemon:expr, $reply:expr) => {
+        match $daemon.state() {
+            Some(state) => state,
+            None => return $reply.error(Errno::EIO),
+        }
+    };
 }
 
 impl Daemon {
-    fn state(&self) -> MutexGuard<'_, State> {
-        lock(&self.state)
+    fn state(&self) -> Option<MutexGuard<'_, State>> {
+        let state = lock(&self.state);
+        (state.generation == self.generation).then_some(state)
     }
 
     /// `unlink` and `rmdir`: `remove` on the backing path, then the inodes under it forgotten.
@@ -450,7 +480,7 @@ impl Daemon {
         remove: fn(&Path) -> io::Result<()>,
         reply: ReplyEmpty,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let removed = state.child(parent, name).and_then(|path| {
             remove(&state.backing.join(&path)).map_err(|e| errno(&e))?;
             Ok(path)
@@ -467,7 +497,7 @@ impl Daemon {
 
 impl Filesystem for Daemon {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let path = match state.child(parent, name) {
             Ok(path) => path,
             Err(e) => return reply.error(e),
@@ -479,7 +509,7 @@ impl Filesystem for Daemon {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.state().attr(ino.0) {
+        match live!(self, reply).attr(ino.0) {
             Ok(attr) => reply.attr(&TTL, &attr),
             Err(e) => reply.error(e),
         }
@@ -504,7 +534,7 @@ impl Filesystem for Daemon {
         reply: ReplyAttr,
     ) {
         use std::os::unix::fs::PermissionsExt;
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let changed = (|| {
             let path = state.backing_path(ino.0)?;
             if let Some(mode) = mode {
@@ -534,7 +564,7 @@ impl Filesystem for Daemon {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let made = state.child(parent, name).and_then(|path| {
             let real = state.backing.join(&path);
             std::fs::create_dir(&real)
@@ -566,7 +596,7 @@ impl Filesystem for Daemon {
         _flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let renamed = state.child(parent, name).and_then(|from| {
             let to = state.child(newparent, newname)?;
             std::fs::rename(state.backing.join(&from), state.backing.join(&to))
@@ -584,7 +614,7 @@ impl Filesystem for Daemon {
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.state().file(ino.0) {
+        match live!(self, reply).file(ino.0) {
             Ok(_) => reply.opened(FileHandle(0), FopenFlags::empty()),
             Err(e) => reply.error(e),
         }
@@ -601,7 +631,7 @@ impl Filesystem for Daemon {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let data = state
             .file(ino.0)
             .and_then(|f| f.read(offset, u64::from(size)).map_err(|e| errno(&e)));
@@ -623,7 +653,7 @@ impl Filesystem for Daemon {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let written = state
             .file(ino.0)
             .and_then(|f| f.write(offset, data).map_err(|e| errno(&e)));
@@ -652,7 +682,7 @@ impl Filesystem for Daemon {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         state.fsyncs += 1;
         if state.fsync == Fsync::Ignored {
             return reply.ok();
@@ -685,7 +715,7 @@ impl Filesystem for Daemon {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let listed = state.backing_path(ino.0).and_then(|dir| {
             let entries = std::fs::read_dir(dir).map_err(|e| errno(&e))?;
             Ok(entries
@@ -733,7 +763,7 @@ impl Filesystem for Daemon {
         reply: ReplyCreate,
     ) {
         const O_EXCL: i32 = 0o200;
-        let mut state = self.state();
+        let mut state = live!(self, reply);
         let created = state.child(parent, name).and_then(|path| {
             let real = state.backing.join(&path);
             let mut open = File::options();

@@ -350,13 +350,24 @@ impl PrivatePostgres {
         .await;
     }
 
-    /// kill -9 of the postmaster and every backend.
+    /// kill -9 of the postmaster and every backend; returns once all of them are gone.
     fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = std::process::Command::new("kill")
-                .args(["-KILL", "--", &format!("-{}", child.id())])
-                .status();
+            let group = format!("-{}", child.id());
+            let signal = |sig: &str| {
+                std::process::Command::new("kill")
+                    .args([sig, "--", &group])
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            signal("-KILL");
             let _ = child.wait();
+            let started = std::time::Instant::now();
+            // `kill -0` succeeds while any process of the group is left.
+            while signal("-0") && started.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
         }
     }
 
