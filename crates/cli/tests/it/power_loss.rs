@@ -20,35 +20,18 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use hooklatch_testkit::lazyfs::{available, Fsync, LazyFs};
+use hooklatch_testkit::lazyfs::{Fsync, LazyFs};
 use tokio::task::JoinSet;
 
 use crate::report::{draw, scaled, Card};
 use crate::support::{
-    stripe_headers, stripe_invoice_paid, unique, wait_until_within, Behaviour, Gateway, Handler,
-    Options,
+    kill_process_group, lazy_mount, stripe_headers, stripe_invoice_paid, system_user, unique,
+    wait_until_within, Behaviour, Gateway, Handler, Options,
 };
 
 const SENDERS: usize = 16;
 const EVENTS_PER_CUT: usize = 300;
 const CUTS: usize = 3;
-
-/// A lazy file system over a backing directory, both in a temp dir; `None` (the test skips)
-/// where it cannot be mounted, outside CI.
-fn mounted(fsync: Fsync) -> Option<(tempfile::TempDir, LazyFs)> {
-    // Not asserted under CI: a machine without FUSE cannot be given it by `.ci/run`. Where it
-    // is there, a mount that fails fails the test.
-    if let Err(why) = available() {
-        println!("skipped: the lazy file system needs /dev/fuse and root ({why})");
-        return None;
-    }
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let (backing, mnt) = (dir.path().join("disk"), dir.path().join("mnt"));
-    std::fs::create_dir_all(&backing).expect("the backing directory");
-    std::fs::create_dir_all(&mnt).expect("the mount point");
-    let fs = LazyFs::mount(&backing, &mnt, fsync).expect("mounting the lazy file system");
-    Some((dir, fs))
-}
 
 /// What the cuts left.
 struct Cuts {
@@ -186,7 +169,7 @@ fn options(fs: &LazyFs) -> Options {
 async fn every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
     let mut card = Card::new("T5", "sqlite");
     let seed = card.seed();
-    let Some((_dir, mut fs)) = mounted(Fsync::Honoured) else {
+    let Some((_dir, mut fs)) = lazy_mount(Fsync::Honoured) else {
         return;
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -220,7 +203,7 @@ async fn every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
 async fn with_fsyncs_ignored_the_power_cut_test_sees_acknowledged_events_lost() {
     let mut card = Card::new("T5", "sqlite-fsync-ignored");
     let seed = card.seed();
-    let Some((_dir, mut fs)) = mounted(Fsync::Ignored) else {
+    let Some((_dir, mut fs)) = lazy_mount(Fsync::Ignored) else {
         return;
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
@@ -257,13 +240,7 @@ impl PrivatePostgres {
     /// every start. `None` (after printing why) without PostgreSQL's programs or its user.
     fn init(data: &std::path::Path, log: &std::path::Path, settings: &[&str]) -> Option<Self> {
         use std::os::unix::process::CommandExt;
-        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-        let Some((uid, gid)) = passwd.lines().find_map(|line| {
-            let fields: Vec<&str> = line.split(':').collect();
-            (fields.first() == Some(&"postgres") && fields.len() > 3)
-                .then(|| Some((fields[2].parse().ok()?, fields[3].parse().ok()?)))
-                .flatten()
-        }) else {
+        let Some((uid, gid)) = system_user("postgres") else {
             println!("skipped: no postgres user to run a private PostgreSQL as");
             return None;
         };
@@ -353,21 +330,7 @@ impl PrivatePostgres {
     /// kill -9 of the postmaster and every backend; returns once all of them are gone.
     fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let group = format!("-{}", child.id());
-            let signal = |sig: &str| {
-                std::process::Command::new("kill")
-                    .args([sig, "--", &group])
-                    .stderr(std::process::Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            };
-            signal("-KILL");
-            let _ = child.wait();
-            let started = std::time::Instant::now();
-            // `kill -0` succeeds while any process of the group is left.
-            while signal("-0") && started.elapsed() < std::time::Duration::from_secs(10) {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
+            kill_process_group(&mut child);
         }
     }
 
@@ -396,15 +359,7 @@ async fn postgres_power_cuts(
     cuts: usize,
 ) -> Option<Cuts> {
     let seed = card.seed();
-    let (dir, mut fs) = mounted(fsync)?;
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // postgres must reach its data directory through the temp dir.
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("opening the temp dir");
-        std::fs::set_permissions(fs.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("opening the mount");
-    }
+    let (dir, mut fs) = lazy_mount(fsync)?;
     let mut pg = PrivatePostgres::init(
         &fs.path().join("pgdata"),
         &dir.path().join("postgres.log"),

@@ -1393,3 +1393,63 @@ pub async fn proxied(
     through.set_port(Some(proxy.addr().port())).expect("a port");
     (proxy, through.to_string())
 }
+
+// Power loss
+
+/// A lazy file system (`hooklatch_testkit::lazyfs`) over a backing directory, both in a temp
+/// dir that other users may enter (servers that refuse root keep their data there); `None`
+/// (the test prints why it skips) where FUSE cannot be mounted. Not asserted under CI: a
+/// machine without FUSE cannot be given it by `.ci/run`; where it is there, a mount that fails
+/// fails the test.
+pub fn lazy_mount(
+    fsync: hooklatch_testkit::lazyfs::Fsync,
+) -> Option<(tempfile::TempDir, hooklatch_testkit::lazyfs::LazyFs)> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Err(why) = hooklatch_testkit::lazyfs::available() {
+        println!("skipped: the lazy file system needs /dev/fuse and root ({why})");
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let (backing, mnt) = (dir.path().join("disk"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&backing).expect("the backing directory");
+    std::fs::create_dir_all(&mnt).expect("the mount point");
+    for open in [dir.path(), &backing] {
+        std::fs::set_permissions(open, std::fs::Permissions::from_mode(0o755))
+            .expect("opening the temp dir to other users");
+    }
+    let fs = hooklatch_testkit::lazyfs::LazyFs::mount(&backing, &mnt, fsync)
+        .expect("mounting the lazy file system");
+    Some((dir, fs))
+}
+
+/// The uid and gid of system user `name` (`/etc/passwd`).
+pub fn system_user(name: &str) -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.first() != Some(&name) || fields.len() < 4 {
+            return None;
+        }
+        Some((fields[2].parse().ok()?, fields[3].parse().ok()?))
+    })
+}
+
+/// kill -9 of `child` and every process in its process group (it was spawned with
+/// `process_group(0)`); returns once all of them are gone (at most 10 s).
+pub fn kill_process_group(child: &mut Child) {
+    let group = format!("-{}", child.id());
+    let signal = |sig: &str| {
+        Command::new("kill")
+            .args([sig, "--", &group])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    signal("-KILL");
+    let _ = child.wait();
+    let started = Instant::now();
+    // `kill -0` succeeds while any process of the group is left.
+    while signal("-0") && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
