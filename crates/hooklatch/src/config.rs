@@ -590,7 +590,12 @@ fn syntax_error(text: &str, err: &toml::de::Error) -> String {
     let Some(at) = err.span().map(|span| span.start.min(text.len())) else {
         return format!("not valid TOML: {message}");
     };
-    let before = text.get(..at).unwrap_or(text);
+    // The span counts bytes; a position inside a character counts as that character's.
+    let at = (0..=at)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    let before = &text[..at];
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     format!("not valid TOML at line {line}, column {column}: {message}")
