@@ -696,6 +696,25 @@ impl Filesystem for Daemon {
         }
     }
 
+    /// The backing file system's figures: a server that checks its free space (RabbitMQ's
+    /// disk alarm blocks publishers below 50 MB) sees the real disk's.
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: fuser::ReplyStatfs) {
+        let state = live!(self, reply);
+        match nix::sys::statvfs::statvfs(&state.backing) {
+            Ok(vfs) => reply.statfs(
+                vfs.blocks(),
+                vfs.blocks_free(),
+                vfs.blocks_available(),
+                vfs.files(),
+                vfs.files_free(),
+                vfs.block_size() as u32,
+                vfs.name_max() as u32,
+                vfs.fragment_size() as u32,
+            ),
+            Err(e) => reply.error(Errno::from_i32(e as i32)),
+        }
+    }
+
     fn fsyncdir(
         &self,
         _req: &Request,

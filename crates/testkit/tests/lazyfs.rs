@@ -33,6 +33,11 @@ fn a_power_cut_keeps_what_was_fsynced_and_loses_the_rest() {
     let Some((dir, mut fs)) = mounted(Fsync::Honoured) else {
         return;
     };
+    // The backing disk's free space, not none (a server with a disk alarm would stop).
+    let vfs = nix::sys::statvfs::statvfs(fs.path()).expect("statvfs of the mount");
+    let backing = nix::sys::statvfs::statvfs(dir.path()).expect("statvfs of the disk");
+    assert!(vfs.blocks_available() > 0, "no free space reported");
+    assert_eq!(vfs.blocks(), backing.blocks());
     let path = fs.path().join("wal");
     let mut f = File::create(&path).unwrap();
     f.write_all(&[7u8; 10_000]).unwrap();
