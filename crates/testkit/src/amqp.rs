@@ -39,16 +39,23 @@ pub struct TestBroker {
 impl TestBroker {
     /// Connects to `url` and opens a channel.
     pub async fn connect(url: &str) -> TestBroker {
+        TestBroker::try_connect(url)
+            .await
+            .expect("connecting to the test broker")
+    }
+
+    /// Connects to `url`, or `None` if the broker does not answer (yet).
+    pub async fn try_connect(url: &str) -> Option<TestBroker> {
         let connection = Connection::connect(url, ConnectionProperties::default())
             .await
-            .expect("connecting to the test broker");
-        let channel = connection.create_channel().await.expect("a channel");
-        TestBroker {
+            .ok()?;
+        let channel = connection.create_channel().await.ok()?;
+        Some(TestBroker {
             connection,
             channel,
             exchanges: Vec::new(),
             queues: Vec::new(),
-        }
+        })
     }
 
     /// A durable topic exchange, bound to nothing.

@@ -102,6 +102,24 @@ impl LazyFs {
         &self.mountpoint
     }
 
+    /// Changes what an `fsync` does from now on (a server set up with fsyncs honoured, then
+    /// run with them ignored).
+    pub fn set_fsync(&self, fsync: Fsync) {
+        lock(&self.state).fsync = fsync;
+    }
+
+    /// Writes every file's unsynced pages to the disk, as the kernel's periodic write-back does
+    /// within about 30 s of a write: what a server wrote at start-up, long before a cut, is on
+    /// the disk even if it never fsynced it (RabbitMQ writes its feature-flags file so, and does
+    /// not start again without it).
+    pub fn write_back(&self) -> io::Result<()> {
+        let mut state = lock(&self.state);
+        for file in state.files.values_mut() {
+            file.sync()?;
+        }
+        Ok(())
+    }
+
     /// How many fsyncs the file system was asked for.
     pub fn fsyncs(&self) -> u64 {
         lock(&self.state).fsyncs
