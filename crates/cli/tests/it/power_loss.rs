@@ -44,6 +44,16 @@ struct Cuts {
 }
 
 impl Cuts {
+    /// Puts the cuts' counts and figures on the card.
+    fn record(&self, card: &mut Card, cuts: usize, fs: &LazyFs) {
+        card.count("ops", cuts * scaled(EVENTS_PER_CUT))
+            .count("acked", self.acked.len())
+            .count("lost", self.lost.len())
+            .fault("power_cut", cuts)
+            .figure("pages_dropped", serde_json::json!(self.dropped))
+            .figure("fsyncs", fs.fsyncs());
+    }
+
     /// What the store kept goes out: every acknowledged event it did not lose reaches the
     /// application.
     async fn wait_until_kept_are_delivered(&self, handler: &Handler) {
@@ -155,33 +165,33 @@ async fn burst(gw: &Gateway, ids: &Arc<Vec<String>>, kill_after: usize) -> Vec<S
         .unwrap_or_else(|shared| shared.lock().expect("acked lock").clone())
 }
 
-fn options(fs: &LazyFs) -> Options {
-    Options {
+/// A gateway whose SQLite file is on a lazy file system (`fsync` says what its fsyncs do), put
+/// through `cuts` power cuts; what the store kept is delivered before it returns.
+async fn sqlite_power_cuts(card: &mut Card, fsync: Fsync, cuts: usize) -> Option<Cuts> {
+    let seed = card.seed();
+    let (_dir, mut fs) = lazy_mount(fsync)?;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let options = Options {
         store_url: Some(format!(
             "sqlite://{}",
             fs.path().join("hooklatch.db").display()
         )),
         ..Options::default()
-    }
+    };
+    let mut gw = Gateway::start_with(&handler, options).await;
+    let result = power_cuts(&mut gw, &mut fs, None, seed, cuts).await;
+    result.wait_until_kept_are_delivered(&handler).await;
+    result.record(card, cuts, &fs);
+    drop(gw);
+    Some(result)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
     let mut card = Card::new("T5", "sqlite");
-    let seed = card.seed();
-    let Some((_dir, mut fs)) = lazy_mount(Fsync::Honoured) else {
+    let Some(result) = sqlite_power_cuts(&mut card, Fsync::Honoured, scaled(CUTS)).await else {
         return;
     };
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let mut gw = Gateway::start_with(&handler, options(&fs)).await;
-    let cuts = scaled(CUTS);
-    let result = power_cuts(&mut gw, &mut fs, None, seed, cuts).await;
-    card.count("ops", cuts * scaled(EVENTS_PER_CUT))
-        .count("acked", result.acked.len())
-        .count("lost", result.lost.len())
-        .fault("power_cut", cuts)
-        .figure("pages_dropped", serde_json::json!(result.dropped))
-        .figure("fsyncs", fs.fsyncs());
     assert!(
         result.lost.is_empty(),
         "{} of {} acknowledged events forgotten after a power cut: {:?}",
@@ -196,24 +206,15 @@ async fn every_event_acknowledged_before_a_power_cut_is_kept_through_it() {
         !result.dropped.is_empty(),
         "the cuts dropped nothing: they came when nothing was in flight"
     );
-    result.wait_until_kept_are_delivered(&handler).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_fsyncs_ignored_the_power_cut_test_sees_acknowledged_events_lost() {
     let mut card = Card::new("T5", "sqlite-fsync-ignored");
-    let seed = card.seed();
-    let Some((_dir, mut fs)) = lazy_mount(Fsync::Ignored) else {
+    let Some(result) = sqlite_power_cuts(&mut card, Fsync::Ignored, 1).await else {
         return;
     };
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let mut gw = Gateway::start_with(&handler, options(&fs)).await;
-    let result = power_cuts(&mut gw, &mut fs, None, seed, 1).await;
-    card.count("ops", scaled(EVENTS_PER_CUT))
-        .count("acked", result.acked.len())
-        .count("lost", result.lost.len())
-        .fault("power_cut", 1)
-        .figure("control", true);
+    card.figure("control", true);
     assert!(
         !result.lost.is_empty(),
         "with every fsync ignored, a power cut lost none of {} acknowledged events: the test is \
@@ -383,12 +384,7 @@ async fn postgres_power_cuts(
         println!("postgres log:\n{}", pg.log_tail());
     }
     result.wait_until_kept_are_delivered(&handler).await;
-    card.count("ops", cuts * scaled(EVENTS_PER_CUT))
-        .count("acked", result.acked.len())
-        .count("lost", result.lost.len())
-        .fault("power_cut", cuts)
-        .figure("pages_dropped", serde_json::json!(result.dropped))
-        .figure("fsyncs", fs.fsyncs());
+    result.record(card, cuts, &fs);
     drop(gw);
     drop(pg);
     drop(fs);
