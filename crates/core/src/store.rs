@@ -387,6 +387,14 @@ pub enum AttemptNext {
     Wait(Timestamp),
 }
 
+/// When a delivery held for a disabled destination is due: never, until the destination is
+/// enabled ([`Store::enable_destination`] and [`Store::wake_held`] make it due). A worker
+/// that leases such a delivery puts it back until then ([`AttemptNext::Wait`]`(HELD)`), once:
+/// a held backlog costs nothing while it waits, however long it is. The last millisecond of
+/// the year 9999, later than any retry schedule, so held rows sort last in every store's
+/// ready index.
+pub const HELD: Timestamp = Timestamp(253_402_300_799_999);
+
 /// A delivery's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryState {
@@ -756,6 +764,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every disabled destination, by name.
     async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError>;
+
+    /// Makes due at `now` every delivery held for a disabled destination ([`HELD`]) whose
+    /// destination the store has enabled since, and that nobody holds a running lease on:
+    /// what a worker put back just before an enable and did not wake itself (it stopped
+    /// first, or heard of the enable late). Reads only held rows; touches no attempt count.
+    /// Returns how many rows it moved.
+    async fn wake_held(&self, now: Timestamp) -> Result<u64, StoreError>;
 
     /// The earliest time a pending, unleased delivery becomes due, if any.
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError>;

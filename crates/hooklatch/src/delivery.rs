@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 
 use hooklatch_core::provider::standard_webhooks::{decode_secret, sign_v1};
 use hooklatch_core::retry::{parse_retry_after, NextAttempt};
-use hooklatch_core::store::{AttemptNext, AttemptResult, DisabledDestination, LeasedDelivery};
+use hooklatch_core::store::{
+    AttemptNext, AttemptResult, DisabledDestination, LeasedDelivery, HELD,
+};
 use hooklatch_core::{crash, Store, StoreError, Timestamp};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
@@ -99,7 +101,7 @@ pub struct Worker {
     pub(crate) handoff: Arc<Handoff>,
     /// The listeners connected for `listen` destinations.
     pub(crate) listen: Arc<ListenHub>,
-    /// The destinations whose deliveries are held ([`DISABLED_WAIT`]).
+    /// The destinations whose deliveries are held ([`HELD`]).
     pub(crate) disabled: Arc<DisabledDestinations>,
     /// Set by a task whose attempt scheduled a retry: the store's next due time may now be
     /// earlier than the one the dispatcher last heard ([`NextDue`]).
@@ -116,12 +118,42 @@ pub struct Worker {
 /// statements of 2,222 requests).
 const NEXT_DUE_REUSE: Duration = Duration::from_millis(250);
 
-/// How long a disabled destination's delivery is put back for ([`AttemptNext::Wait`], no
-/// attempt counted) each time a worker leases it. Enabling the destination makes its rows due
-/// at once (the store's enable wakes them; a worker that put one back just before looks again
-/// after, see `hooklatch_http::disabled`), so this bounds only how often a held backlog is
-/// looked at: 100,000 held deliveries are 170 row updates a second.
-pub const DISABLED_WAIT: Duration = Duration::from_secs(600);
+/// How often a gateway looks for deliveries held ([`HELD`]) for a destination that is enabled
+/// by now ([`Store::wake_held`]), beside the look it takes as it starts. A disabled
+/// destination's delivery is put back until it is enabled ([`AttemptNext::Wait`]`(HELD)`, no
+/// attempt counted), once; enabling the destination wakes its rows (the store's enable, and a
+/// worker that put one back just before looks again after, see `hooklatch_http::disabled`).
+/// The sweep is for the rest: a worker that stopped between its put-back and that look, or an
+/// instance that heard of the enable late and then went away. It reads the held rows alone.
+pub const HELD_SWEEP: Duration = Duration::from_secs(600);
+
+/// Wakes the deliveries held for destinations enabled since ([`HELD_SWEEP`]): now, then every
+/// `every`, until `cancel`; tells the worker (`enqueued`) when it moved any.
+pub(crate) async fn sweep_held(
+    store: Arc<dyn Store>,
+    enqueued: Arc<Notify>,
+    every: Duration,
+    cancel: CancellationToken,
+) {
+    loop {
+        match store.wake_held(Timestamp::now()).await {
+            Ok(0) => {}
+            Ok(woken) => {
+                // A wake was lost: an instance stopped, or heard of an enable late.
+                tracing::warn!(
+                    woken,
+                    "deliveries held for a destination enabled since are due"
+                );
+                enqueued.notify_one();
+            }
+            Err(err) => tracing::warn!(%err, "could not look for held deliveries to wake"),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+    }
+}
 
 /// How often a gateway on a store other instances share reloads the disabled destinations
 /// (`follow_disabled`): another instance's disable takes this long at most to hold
@@ -341,7 +373,7 @@ impl Worker {
                 }
             };
             // A delivery held because its destination is disabled is looked at again once put
-            // back: if the destination was enabled meanwhile, it is woken (`DISABLED_WAIT`).
+            // back: if the destination was enabled meanwhile, it is woken ([`HELD_SWEEP`]).
             let held = self
                 .disabled
                 .any()
@@ -418,8 +450,7 @@ impl Worker {
             metrics::counter!("hooklatch_delivery_waits_total",
                 "destination" => dest.name.clone())
             .increment(1);
-            let until = started_at.plus(DISABLED_WAIT);
-            return self.unsent(&delivery, started_at, None, AttemptNext::Wait(until));
+            return self.unsent(&delivery, started_at, None, AttemptNext::Wait(HELD));
         }
         crash::point(crash::WORKER_AFTER_LEASE_BEFORE_SEND);
         let outcome = match &dest.kind {
@@ -486,7 +517,7 @@ impl Worker {
             // The 410 is recorded as an attempt, but it never dead-letters the event: it waits
             // with the rest of the destination's backlog until the destination is enabled,
             // which wakes it (RELIABILITY.md T14: "its events stay queued").
-            AttemptNext::RetryAt(now.plus(DISABLED_WAIT))
+            AttemptNext::RetryAt(HELD)
         } else {
             match dest.retry.next(
                 attempt,
@@ -841,6 +872,9 @@ mod tests {
         async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
             self.inner.disabled_destinations().await
         }
+        async fn wake_held(&self, now: Timestamp) -> Result<u64, StoreError> {
+            self.inner.wake_held(now).await
+        }
         async fn dismiss_conflict(
             &self,
             request: RequestId,
@@ -896,6 +930,33 @@ mod tests {
         futures::executor::block_on(store.list_deliveries(filter))
             .unwrap()
             .len()
+    }
+
+    /// Disables `app` (its 410) in the worker's store and copy; returns the copy.
+    async fn disable_app(worker: &Worker) -> Arc<DisabledDestinations> {
+        let gone = DisabledDestination {
+            destination: "app".to_owned(),
+            disabled_at: Timestamp::now(),
+            reason: "HTTP 410 Gone from the destination".to_owned(),
+        };
+        let disabled = worker.disabled.clone();
+        assert!(disabled.disable(worker.store.as_ref(), gone).await.unwrap());
+        disabled
+    }
+
+    /// How many deliveries are held for a disabled destination ([`HELD`]).
+    fn held(store: &MemoryStore) -> usize {
+        let filter = DeliveryFilter {
+            state: Some(hooklatch_core::store::DeliveryState::Pending),
+            destination: None,
+            before: None,
+            limit: 100,
+        };
+        futures::executor::block_on(store.list_deliveries(filter))
+            .unwrap()
+            .iter()
+            .filter(|d| d.next_attempt_at == Some(HELD))
+            .count()
     }
 
     /// Waits (a few seconds at most) until `done` holds.
@@ -1059,13 +1120,7 @@ mod tests {
         let (url, received) = counting_sink().await;
         let store = Arc::new(slow_commits(false, &["evt_1"]).await);
         let worker = worker(store.clone(), &url, 1, Duration::from_secs(60));
-        let disabled = worker.disabled.clone();
-        let gone = DisabledDestination {
-            destination: "app".to_owned(),
-            disabled_at: Timestamp::now(),
-            reason: "HTTP 410 Gone from the destination".to_owned(),
-        };
-        assert!(disabled.disable(store.as_ref(), gone).await.unwrap());
+        let disabled = disable_app(&worker).await;
         let cancel = CancellationToken::new();
         let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
         eventually("the put-back is being committed", || {
@@ -1090,6 +1145,50 @@ mod tests {
         assert_eq!(received.load(Ordering::SeqCst), 1);
         cancel.cancel();
         running.await.unwrap();
+    }
+
+    /// A disabled destination's deliveries are put back until it is enabled ([`HELD`]), not
+    /// for a while: a held backlog is not leased again. When the store has the destination
+    /// enabled while this instance still holds its deliveries (it heard late, as an instance
+    /// on a shared store can), the sweep wakes them and they go out, once each.
+    #[tokio::test]
+    async fn held_deliveries_wait_for_the_enable_and_the_sweep_wakes_what_it_missed() {
+        let (url, received) = counting_sink().await;
+        let store = Arc::new(slow_commits(false, &["evt_1", "evt_2"]).await);
+        store.commits.add_permits(1_000);
+        let worker = worker(store.clone(), &url, 2, Duration::from_millis(20));
+        let disabled = disable_app(&worker).await;
+        let enqueued = worker.enqueued.clone();
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(worker.run(cancel.clone(), Duration::from_secs(5)));
+        eventually("both deliveries are held", || held(&store.inner) == 2).await;
+
+        // Enabled in the store behind this instance's back: it wakes both, and this instance,
+        // still holding the destination disabled, puts them back again.
+        assert_eq!(
+            store
+                .inner
+                .enable_destination("app", Timestamp::now())
+                .await
+                .unwrap(),
+            Some(2)
+        );
+        eventually("both deliveries are held again", || held(&store.inner) == 2).await;
+        assert_eq!(received.load(Ordering::SeqCst), 0);
+
+        // It hears of the enable (a reload), and the sweep finds what it held meanwhile.
+        disabled.reload(store.as_ref()).await.unwrap();
+        let sweep = tokio::spawn(sweep_held(
+            store.clone(),
+            enqueued,
+            Duration::from_secs(3600),
+            cancel.clone(),
+        ));
+        eventually("both deliveries go out", || delivered(&store.inner) == 2).await;
+        assert_eq!(received.load(Ordering::SeqCst), 2);
+        cancel.cancel();
+        running.await.unwrap();
+        sweep.await.unwrap();
     }
 
     /// A sink answering 200 to every POST, and how many it got.

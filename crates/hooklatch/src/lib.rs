@@ -370,6 +370,13 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             stop_serving.clone(),
         ));
     }
+    // Held deliveries whose destination was enabled while nobody could wake them.
+    tasks.spawn(delivery::sweep_held(
+        store.clone(),
+        enqueued.clone(),
+        delivery::HELD_SWEEP,
+        stop_serving.clone(),
+    ));
     if settings.delivery.enabled {
         tasks.spawn(worker.run(stop_serving.clone(), grace));
     } else {

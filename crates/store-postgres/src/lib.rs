@@ -400,6 +400,10 @@ impl Store for PostgresStore {
             .map_err(map_err)
     }
 
+    async fn wake_held(&self, now: Timestamp) -> Result<u64, StoreError> {
+        outbox::wake_held(self.pool(), now).await.map_err(map_err)
+    }
+
     async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
         outbox::disabled_destinations(self.pool())
             .await

@@ -22,7 +22,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hooklatch_core::store::{
     redelivery_key, AttemptNext, AttemptResult, ConflictAction, ConflictDecision, DeliveryState,
-    DisabledDestination, LeasedDelivery, Redelivery, Redrive, Verdict,
+    DisabledDestination, LeasedDelivery, Redelivery, Redrive, Verdict, HELD,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use sqlx::{PgConnection, PgPool, Row};
@@ -433,6 +433,28 @@ pub(crate) async fn wake_destination(
     ))
     .bind(destination)
     .bind(now.0)
+    .fetch_one(pool)
+    .await?;
+    Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+}
+
+/// Makes the held rows ([`HELD`]) of every destination not disabled due at `now`, but a row
+/// under a running lease, and `NOTIFY`s the workers when it moved any; returns how many. Held
+/// rows sort last in the ready index, so this reads them alone.
+pub(crate) async fn wake_held(pool: &PgPool, now: Timestamp) -> Result<u64, sqlx::Error> {
+    let row = sqlx::query(&format!(
+        "WITH woken AS (
+            UPDATE deliveries SET next_attempt_at = $1, updated_at = $1
+            WHERE state = 'pending' AND GREATEST(next_attempt_at, COALESCE(lease_until, 0)) >= $2
+              AND next_attempt_at >= $2
+              AND (lease_owner IS NULL OR lease_until <= $1)
+              AND destination NOT IN (SELECT destination FROM disabled_destinations)
+            RETURNING 1)
+         SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify('{WORK_CHANNEL}', '')::text END
+         FROM woken"
+    ))
+    .bind(now.0)
+    .bind(HELD.0)
     .fetch_one(pool)
     .await?;
     Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))

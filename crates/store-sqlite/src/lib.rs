@@ -385,6 +385,11 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn wake_held(&self, now: Timestamp) -> Result<u64, StoreError> {
+        self.write(Room::All, move |tx| outbox::wake_held(tx, now))
+            .await
+    }
+
     async fn disable_destination(&self, disabled: DisabledDestination) -> Result<bool, StoreError> {
         self.write(Room::All, move |tx| {
             outbox::disable_destination(tx, &disabled)

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use hooklatch_core::store::{
     redelivery_key, AttemptNext, AttemptResult, ConflictAction, ConflictDecision, DeliveryState,
-    DisabledDestination, LeasedDelivery, Redelivery, Redrive, Verdict,
+    DisabledDestination, LeasedDelivery, Redelivery, Redrive, Verdict, HELD,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Timestamp};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -213,6 +213,27 @@ const WAKE_DESTINATION: &str = concat!(
     ready_at!(),
     " > ?1 AND destination = ?2 AND next_attempt_at > ?1
           AND (lease_owner IS NULL OR lease_until <= ?1))"
+);
+
+/// Makes the held rows ([`HELD`]) of every destination not disabled due at `now`, but a row
+/// under a running lease; returns how many it moved. Held rows sort last in the ready index, so
+/// this reads them alone: a long backlog that is due, or one waiting out its retries, is not
+/// read.
+pub(crate) fn wake_held(conn: &Connection, now: Timestamp) -> rusqlite::Result<u64> {
+    let moved = conn
+        .prepare_cached(WAKE_HELD)?
+        .execute(params![now.0, HELD.0])?;
+    Ok(moved as u64)
+}
+
+const WAKE_HELD: &str = concat!(
+    "UPDATE deliveries SET next_attempt_at = ?1, updated_at = ?1 WHERE id IN (
+        SELECT id FROM deliveries INDEXED BY deliveries_ready
+        WHERE state = 'pending' AND ",
+    ready_at!(),
+    " >= ?2 AND next_attempt_at >= ?2
+          AND (lease_owner IS NULL OR lease_until <= ?1)
+          AND destination NOT IN (SELECT destination FROM disabled_destinations))"
 );
 
 /// Disables a destination; `false` when it was disabled already (its first reason is kept).

@@ -13,7 +13,7 @@ use hooklatch_core::store::{
     ConflictDecision, DeliveryDetail, DeliveryFilter, DeliveryState, DisabledDestination,
     Dismissal, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent, Purged, Redelivery,
     Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
-    Verdict,
+    Verdict, HELD,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -677,6 +677,23 @@ impl Store for MemoryStore {
 
     async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
         Ok(self.state().disabled.values().cloned().collect())
+    }
+
+    async fn wake_held(&self, now: Timestamp) -> Result<u64, StoreError> {
+        let mut state = self.state();
+        let state = &mut *state;
+        let mut moved = 0;
+        for delivery in state.deliveries.values_mut() {
+            if delivery.state == DeliveryState::Pending
+                && delivery.next_attempt_at >= HELD
+                && delivery.lease.as_ref().is_none_or(|l| l.until <= now)
+                && !state.disabled.contains_key(&delivery.destination)
+            {
+                delivery.next_attempt_at = now;
+                moved += 1;
+            }
+        }
+        Ok(moved)
     }
 
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {

@@ -95,6 +95,11 @@ async fn a_410_disables_the_destination_and_its_deliveries_wait_until_it_is_enab
         error.starts_with("HTTP 410: the destination is gone"),
         "{error}"
     );
+    assert_eq!(
+        (&row["held"], &row["next_attempt_at"]),
+        (&Value::Bool(true), &Value::Null),
+        "held until the enable: {row:#}"
+    );
     for key in &later {
         let row = delivery(&gw, key).await;
         assert_eq!(
@@ -232,6 +237,48 @@ async fn an_operator_disables_and_enables_a_destination_and_mistakes_are_refused
     assert!(json["woken"].as_u64().is_some_and(|n| n <= 1), "{json}");
     gw.wait_for_delivery_state(&key, "delivered").await;
     assert_eq!(handler.count_for(&key), 1);
+}
+
+/// A delivery held for a destination the store has enabled since, that nobody is left to wake
+/// (the instance that put it back stopped between its put-back and its look at the enable, or
+/// heard of the enable late and went away): the gateway's sweep of held rows, as it starts,
+/// makes it due, and it is delivered once. The enable is written into the stopped gateway's
+/// file by hand, as such a lost wake leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_delivery_whose_wake_was_lost_is_delivered_after_the_next_start() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start(&handler).await;
+    let (code, _, err) = cli(&gw, &["disable", "app", "--reason", "moving the endpoint"]);
+    assert_eq!(code, 0, "{err}");
+    let key = gw.send_stripe_event("stripe", "evt_lost_wake").await;
+    eventually("the delivery held", async || {
+        delivery(&gw, &key).await["held"] == true
+    })
+    .await;
+    let row = delivery(&gw, &key).await;
+    assert_eq!(row["next_attempt_at"], Value::Null, "{row:#}");
+    assert_eq!(row["attempts"], 0, "{row:#}");
+
+    gw.kill9();
+    let db = rusqlite::Connection::open(gw.database_path()).expect("opening the store");
+    let enabled = db
+        .execute(
+            "DELETE FROM disabled_destinations WHERE destination = 'app'",
+            [],
+        )
+        .expect("enabling by hand");
+    assert_eq!(enabled, 1);
+    drop(db);
+    gw.restart().await;
+    let row = gw.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(row["held"], false, "{row:#}");
+    assert_eq!(handler.count_for(&key), 1);
+    assert_eq!(handler.total(), 1);
+    let log = gw.log();
+    assert!(
+        log.contains("deliveries held for a destination enabled since are due"),
+        "{log}"
+    );
 }
 
 /// Two gateways on one PostgreSQL database, `a` delivering and `b` ingesting only: `a`

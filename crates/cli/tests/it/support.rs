@@ -1091,6 +1091,11 @@ jitter = {jitter:?}
         change(&mut self.options);
     }
 
+    /// The SQLite file (when the gateway runs on SQLite).
+    pub fn database_path(&self) -> PathBuf {
+        self.dir.path().join("hooklatch.db")
+    }
+
     /// The database's size in pages of 4 KiB, counting the WAL (a slight overestimate).
     pub fn database_pages(&self) -> u64 {
         let len = |name: &str| std::fs::metadata(self.dir.path().join(name)).map_or(0, |m| m.len());

@@ -8,8 +8,8 @@ use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
 use hooklatch_core::store::{
-    ConflictDecision, DeliveryDetail, Dismissal, Redelivery, RequestFilter, RequestRecord,
-    RequestSummary, Verdict,
+    ConflictDecision, DeliveryDetail, DeliveryState, Dismissal, Redelivery, RequestFilter,
+    RequestRecord, RequestSummary, Verdict, HELD,
 };
 use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
@@ -384,6 +384,8 @@ fn summary_json(r: &RequestSummary) -> Value {
 }
 
 pub(crate) fn delivery_json(d: &DeliveryDetail) -> Value {
+    // Held for a disabled destination: no time, until it is enabled.
+    let held = d.state == DeliveryState::Pending && d.next_attempt_at == Some(HELD);
     json!({
         "id": d.id.to_string(),
         "request_id": d.request_id.to_string(),
@@ -391,7 +393,8 @@ pub(crate) fn delivery_json(d: &DeliveryDetail) -> Value {
         "idempotency_key": d.idempotency_key,
         "state": d.state.as_str(),
         "attempts": d.attempts,
-        "next_attempt_at": d.next_attempt_at.map(Timestamp::to_rfc3339),
+        "next_attempt_at": d.next_attempt_at.filter(|_| !held).map(Timestamp::to_rfc3339),
+        "held": held,
         "last_error": d.last_error,
         "history": d.history.iter().map(|a| json!({
             "number": a.number,

@@ -240,7 +240,11 @@ function deliveryBlock(d, requestId) {
   const facts = el("dl", { class: "facts" });
   fact(facts, "Idempotency-Key", d.idempotency_key);
   fact(facts, "attempts this round", d.attempts);
-  fact(facts, "next attempt", d.next_attempt_at);
+  fact(
+    facts,
+    "next attempt",
+    d.held ? "when the destination is enabled" : d.next_attempt_at,
+  );
   fact(facts, "last error", d.last_error);
   block.append(facts);
   if (d.history.length > 0) {

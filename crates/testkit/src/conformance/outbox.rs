@@ -8,6 +8,7 @@ use std::time::Duration;
 use hooklatch_core::store::AttemptNext::{self, DeadLetter, Delivered, RetryAt, Wait};
 use hooklatch_core::store::{
     DeliveryState, DisabledDestination, Header, IngestLease, LeasedDelivery, Redelivery, Redrive,
+    HELD,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, Timestamp};
 
@@ -1211,4 +1212,95 @@ pub async fn a_disabled_destination_is_kept_until_enabled_which_wakes_its_rows<S
         .map(|d| d.destination)
         .collect();
     assert_eq!(names, vec![app.to_owned(), audit.to_owned()], "by name");
+}
+
+/// A delivery held for a disabled destination ([`HELD`]) is never due, whatever the time, and
+/// is not read again until something wakes it. `wake_held` wakes the held rows of every
+/// destination the store has enabled (put back by a worker that heard of the enable late), not
+/// a disabled one's, and no row waiting out a retry; a second sweep moves nothing. Enabling
+/// the destination wakes the rest.
+pub async fn held_deliveries_wait_until_their_destination_is_enabled<S: Store>(store: S) {
+    let [app, audit] = DESTINATIONS;
+    assert!(store
+        .disable_destination(DisabledDestination {
+            destination: app.to_owned(),
+            disabled_at: at(1),
+            reason: "HTTP 410 Gone".to_owned(),
+        })
+        .await
+        .expect("disable"));
+    let e1 = one_event(&store, "evt_1", T0).await;
+    let e2 = one_event(&store, "evt_2", T0).await;
+    for (rows, name) in [(&e1, app), (&e2, app)] {
+        assert_eq!(delivery(&store, rows[0]).await.destination, name);
+        assert_eq!(delivery(&store, rows[1]).await.destination, audit);
+    }
+    assert_eq!(lease(&store, WORKER, at(3), 10).await.len(), 4);
+    record_as(&store, WORKER, e1[0], at(3), Wait(HELD)).await;
+    // A 410's own attempt is counted, and held the same way.
+    failed(&store, e2[0], at(3), "HTTP 410", RetryAt(HELD)).await;
+    // Held by an instance that had not heard yet that `audit` is enabled.
+    record_as(&store, WORKER, e1[1], at(3), Wait(HELD)).await;
+    failed(&store, e2[1], at(3), "HTTP 500", RetryAt(at(3600))).await;
+
+    assert_eq!(delivery(&store, e1[0]).await.next_attempt_at, Some(HELD));
+    assert_eq!(
+        store.next_due().await.expect("next_due"),
+        Some(at(3600)),
+        "a held row is never the next due"
+    );
+    // The year 8307.
+    let late = at(200_000_000_000);
+    assert_eq!(
+        ids(&lease(&store, WORKER, late, 10).await),
+        BTreeSet::from([e2[1]]),
+        "held rows are not due, however late"
+    );
+    failed(&store, e2[1], late, "HTTP 500", RetryAt(at(3600))).await;
+
+    assert_eq!(
+        store.wake_held(at(10)).await.expect("wake_held"),
+        1,
+        "{audit}'s held row; not {app}'s, not the retry"
+    );
+    assert_eq!(
+        store.wake_held(at(11)).await.expect("wake_held"),
+        0,
+        "a second sweep moves nothing"
+    );
+    for (id, attempts, next) in [
+        (e1[1], 0, at(10)),
+        (e1[0], 0, HELD),
+        (e2[0], 1, HELD),
+        (e2[1], 2, at(3600)),
+    ] {
+        let row = delivery(&store, id).await;
+        assert_eq!(row.state, DeliveryState::Pending, "{id}");
+        assert_eq!(
+            (row.next_attempt_at, row.attempts),
+            (Some(next), attempts),
+            "{id}"
+        );
+    }
+    assert_eq!(
+        ids(&lease(&store, "worker-c", at(12), 10).await),
+        BTreeSet::from([e1[1]])
+    );
+
+    assert_eq!(
+        store.enable_destination(app, at(20)).await.expect("enable"),
+        Some(2),
+        "both of {app}'s held rows"
+    );
+    assert_eq!(store.wake_held(at(21)).await.expect("wake_held"), 0);
+    let leased = lease(&store, "worker-d", at(20), 10).await;
+    assert_eq!(ids(&leased), BTreeSet::from([e1[0], e2[0]]));
+    for d in &leased {
+        let want = if d.id == e2[0] { 1 } else { 0 };
+        assert_eq!(
+            d.attempts, want,
+            "{}: the 410 counted, the put-back not",
+            d.id
+        );
+    }
 }
