@@ -21,6 +21,7 @@ mod crash;
 mod failpoints;
 mod forgery;
 mod gone;
+mod hangups;
 mod hygiene;
 mod inspector;
 mod listen;

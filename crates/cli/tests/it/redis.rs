@@ -181,6 +181,28 @@ async fn redis_mode_makes_one_claim_per_event_under_32_concurrent_copies() {
     keys.clean_up().await;
 }
 
+/// T3b in Redis mode: providers hanging up anywhere in their requests (`hangups.rs`). The
+/// claim, the queueing and the key's "done" run in a task of their own, so a hang-up cannot
+/// cut them apart: every event is delivered once, and every key left in Redis is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_hanging_up_anywhere_lose_no_event_in_redis_mode() {
+    let mut card = crate::report::Card::new("T3b", "redis");
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, keys.options("")).await;
+    let n = crate::report::scaled(1_000);
+    crate::hangups::hang_ups_lose_nothing(&gateway, &handler, &mut card, n).await;
+    let stored = keys.all().await;
+    assert_eq!(stored.len(), n, "one Redis key per event");
+    for key in &stored {
+        let value = keys.get(key).await.unwrap_or_default();
+        assert!(value.starts_with("d:"), "{key} is not done: {value}");
+    }
+    keys.clean_up().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_arriving_while_another_holds_the_key_gets_409_with_retry_after() {
     let Some(keys) = Keys::open().await else {
