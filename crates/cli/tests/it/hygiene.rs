@@ -4,7 +4,8 @@
 //!   has written no signing secret, admin token, destination secret, provider signature or body
 //!   to its log, its `/metrics` or its admin error bodies.
 //! - A client that sends its headers too slowly is disconnected; one that sends its body too
-//!   slowly gets 408; neither claims anything.
+//!   slowly gets 408; neither claims anything. 200 such clients at once are all disconnected,
+//!   cost the gateway little memory, and do not keep a genuine event out.
 
 use std::time::Duration;
 
@@ -136,4 +137,120 @@ async fn slow_headers_are_cut_off_and_a_slow_body_gets_408() {
     let rejected = gateway.requests("verdict=rejected").await;
     assert_eq!(rejected[0]["reason"].as_str(), Some("body_timeout"));
     assert!(gateway.deliveries("").await.is_empty(), "nothing queued");
+}
+
+/// The gateway's resident memory in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("reading status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
+/// 200 slowloris connections at once (half a request head each, then silence) are all closed
+/// by the header timeout, while a genuine event is still accepted beside them; the gateway's
+/// memory grows by less than 10 MiB. A body trickling in at 5 bytes a second, never quite
+/// stalled, still gets 408 once the body timeout has passed: the timeout is on the whole
+/// body, not on the silence between its bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_slow_connections_are_cut_off_and_a_trickling_body_gets_408() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(
+        &handler,
+        Options {
+            header_timeout: "2s",
+            body_timeout: "1s",
+            ..Options::default()
+        },
+    )
+    .await;
+    let addr = gateway.ingest().addr();
+    // Warmed up first: the first event's work (the store's cache, the delivery client) is
+    // not the slow connections' cost.
+    let warm_up = unique("evt_warm_up");
+    let body = crate::support::stripe_invoice_paid(&warm_up, 5000);
+    gateway.post("stripe", &stripe_headers(&body), body).await;
+    gateway
+        .wait_for_delivery_state(&format!("stripe:{warm_up}"), "delivered")
+        .await;
+    let before = rss_kib(gateway.pid());
+
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        conn.write_all(b"POST /in/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            .await
+            .expect("write");
+        slow.push(conn);
+    }
+    let event = unique("evt_beside_slowloris");
+    let body = crate::support::stripe_invoice_paid(&event, 5000);
+    let (status, json) = gateway
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!(
+        (status, &json["status"]),
+        (200, &"accepted".into()),
+        "{json}"
+    );
+    let peak = rss_kib(gateway.pid());
+    let closing = slow.into_iter().map(|mut conn| {
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut buf))
+                .await
+                .is_ok()
+        })
+    });
+    let mut closed = 0;
+    for done in closing.collect::<Vec<_>>() {
+        closed += usize::from(done.await.expect("a slow connection's task"));
+    }
+    assert_eq!(closed, 200, "slow connections the gateway closed");
+    let after = rss_kib(gateway.pid());
+    println!("slowloris ×200: RSS {before} KiB before, {peak} KiB with them open, {after} after");
+    assert!(
+        peak.max(after).saturating_sub(before) < 10 * 1024,
+        "RSS grew from {before} KiB to {peak} / {after} KiB"
+    );
+    gateway
+        .wait_for_delivery_state(&format!("stripe:{event}"), "delivered")
+        .await;
+
+    // 5 bytes a second of a 100-byte body: 408 after the 1 s body timeout, not after 20 s.
+    let mut trickle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    trickle
+        .write_all(
+            b"POST /in/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n",
+        )
+        .await
+        .expect("write");
+    let (mut reader, mut writer) = trickle.into_split();
+    let dripping = tokio::spawn(async move {
+        for byte in std::iter::repeat_n(b'x', 100) {
+            if writer.write_all(&[byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), async {
+        let mut chunk = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match reader.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    dripping.abort();
+    assert!(read.is_ok(), "no answer within 15 s to a body trickling in");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let rejected = gateway.requests("verdict=rejected").await;
+    assert_eq!(rejected[0]["reason"].as_str(), Some("body_timeout"));
 }

@@ -144,6 +144,53 @@ async fn a_body_declared_over_the_limit_is_refused_with_413_before_it_is_sent() 
     assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
 }
 
+/// The default limit, 1 MiB, end to end: a body one byte over it is refused with 413, and so
+/// is one declared at 64 MiB of which nothing is sent (at once: the test waits 30 s at most,
+/// the body timeout is 60 s); a body of exactly 1 MiB under the same id is then accepted and
+/// delivered byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_limit_takes_exactly_1_mib_and_refuses_one_byte_more() {
+    const MIB: usize = 1024 * 1024;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_mib");
+    let sized = |len: usize| {
+        let bare = stripe_invoice_paid_padded(&event_id, 5000, 0).len();
+        let body = stripe_invoice_paid_padded(&event_id, 5000, len - bare);
+        assert_eq!(body.len(), len);
+        body
+    };
+
+    let over = sized(MIB + 1);
+    let reply = gw.post("stripe", &stripe_headers(&over), over).await;
+    assert_refused(&gw, reply, 413, "body_too_large").await;
+
+    let declared = sized(MIB);
+    let signature = header(&stripe_headers(&declared), "stripe-signature").to_owned();
+    let head = format!(
+        "POST /in/stripe HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Stripe-Signature: {signature}\r\nContent-Length: {}",
+        64 * MIB
+    );
+    let reply = raw_post(gw.ingest().addr(), &head, &[]).await;
+    assert_refused(&gw, reply, 413, "body_too_large").await;
+
+    let body = sized(MIB);
+    let key = format!("stripe:{event_id}");
+    let (status, json) = gw
+        .post("stripe", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["status"], "accepted", "{json}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    let received = handler.received_for(&key);
+    assert_eq!(received.len(), 1);
+    assert!(
+        received[0].body == body,
+        "the 1 MiB body delivered byte-exact"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chunked_body_crossing_the_limit_is_refused_with_413_without_reading_the_rest() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;
