@@ -398,12 +398,7 @@ impl ListenHub {
                 format!("no listen destination is named {destination:?}"),
             ));
         };
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim);
-        match given {
+        match hooklatch_http::bearer_token(headers) {
             Some(given) if constant_time_eq(given.as_bytes(), token.expose()) => Ok(()),
             _ => Err(ApiError::new(
                 StatusCode::UNAUTHORIZED,

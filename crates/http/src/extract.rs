@@ -4,11 +4,23 @@
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
 use serde::de::DeserializeOwned;
 
 use crate::ApiError;
+
+/// The token of an `Authorization: Bearer <token>` header, if the request has one: the scheme
+/// in any case (RFC 9110 makes it case-insensitive; some clients send `bearer`), one or more
+/// spaces, then the token with surrounding whitespace trimmed. `None` for another scheme, a
+/// header that is not text, or no header; the caller compares the token in constant time.
+pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_matches(|c| c == ' ' || c == '\t'))
+}
 
 /// [`Query`], refused with 400 `invalid_parameter`.
 pub(crate) struct ApiQuery<T>(pub T);
@@ -80,5 +92,44 @@ pub(crate) fn optional_reason(body: &[u8]) -> Result<Option<String>, ApiError> {
             "reason is longer than {REASON_LIMIT} characters"
         ))),
         Some(r) => Ok(Some(hooklatch_core::store::storable_text(r).into_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::{HeaderMap, HeaderValue};
+
+    use super::bearer_token;
+
+    fn token_of(value: &[u8]) -> Option<String> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "authorization",
+            HeaderValue::from_bytes(value).expect("a header value"),
+        );
+        bearer_token(&headers).map(str::to_owned)
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_in_any_case_of_its_scheme_and_nothing_else_is() {
+        for (value, want) in [
+            (&b"Bearer abc"[..], Some("abc")),
+            (b"bearer abc", Some("abc")),
+            (b"BEARER abc", Some("abc")),
+            (b"Bearer   abc  ", Some("abc")),
+            (b"Bearer ", Some("")),
+            (b"Basic abc", None),
+            (b"Bearerabc", None),
+            (b"abc", None),
+            (b"Bearer \xff\xfe", None),
+        ] {
+            assert_eq!(
+                token_of(value).as_deref(),
+                want,
+                "{}",
+                String::from_utf8_lossy(value)
+            );
+        }
+        assert_eq!(bearer_token(&HeaderMap::new()), None);
     }
 }

@@ -33,6 +33,7 @@ use tracing::Level;
 
 pub use disabled::{DisabledDestinations, Reloaded};
 pub use error::ApiError;
+pub use extract::bearer_token;
 pub use handoff::Handoff;
 
 /// On an ingest answer in a provider's own format (Twilio's TwiML, Discord's deferred

@@ -67,13 +67,7 @@ async fn not_found() -> ApiError {
 
 /// Checks `Authorization: Bearer <token>` in constant time.
 async fn require_token(State(state): State<Arc<AdminState>>, req: Request, next: Next) -> Response {
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    match given {
+    match crate::bearer_token(req.headers()) {
         Some(token) if constant_time_eq(token.as_bytes(), state.token.expose()) => {
             next.run(req).await
         }
