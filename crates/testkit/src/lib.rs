@@ -9,6 +9,8 @@
 //!   [`conformance::fixture`] builders its cases use.
 //! - `amqp` (feature `amqp`): a test's own RabbitMQ connection and the broker URL the tests
 //!   share.
+//! - [`counting`]: a `Store` or `KeyStore` wrapped to count each operation called, and
+//!   [`MemoryKeys`], an in-memory `KeyStore`.
 //! - [`proxy`]: a TCP fault proxy that cuts a service off (Toxiproxy's `down`, `reset_peer`,
 //!   `timeout`), slows it (`latency`) and lets it through again.
 //! - `lazyfs` (feature `lazyfs`): a FUSE file system that loses what was not fsynced, for
@@ -18,9 +20,11 @@
 #[cfg(feature = "amqp")]
 pub mod amqp;
 pub mod conformance;
+pub mod counting;
 #[cfg(feature = "lazyfs")]
 pub mod lazyfs;
 mod memory;
 pub mod proxy;
 
+pub use counting::{Counting, MemoryKeys};
 pub use memory::MemoryStore;

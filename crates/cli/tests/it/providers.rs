@@ -78,6 +78,47 @@ fn is_signature_header(name: &str) -> bool {
         .any(|part| name.contains(part))
 }
 
+/// A forged request: what was forged, its headers and its body.
+type Forgery = (&'static str, Vec<(String, String)>, Vec<u8>);
+
+/// The forgeries of the test event `name` of `provider` with the id `id`, signed for `url` at
+/// `now` with `secret`: (what, headers, body) — signed with a wrong secret, its body tampered
+/// with, its signature headers left out and, where the provider signs a timestamp, signed 400 s
+/// ago.
+fn forgeries(
+    provider: &str,
+    name: &str,
+    id: &str,
+    secret: &Secret,
+    url: &str,
+    now: Timestamp,
+) -> Vec<Forgery> {
+    let build = |secret: &Secret, at: Timestamp| {
+        fixtures::build(provider, Some(name), Some(id), secret, url, at)
+            .unwrap_or_else(|e| panic!("{provider}/{name}: {e}"))
+    };
+    let event = build(secret, now);
+    let forged = build(&wrong_secret(provider), now);
+    let mut tampered = event.body.clone();
+    tampered.push(b' ');
+    let unsigned: Vec<_> = event
+        .headers
+        .iter()
+        .filter(|(n, _)| !is_signature_header(n))
+        .cloned()
+        .collect();
+    let mut all = vec![
+        ("wrong secret", forged.headers, forged.body),
+        ("tampered", event.headers.clone(), tampered),
+        ("unsigned", unsigned, event.body.clone()),
+    ];
+    if TIMESTAMPED.contains(&provider) {
+        let stale = build(secret, now.minus(std::time::Duration::from_secs(400)));
+        all.push(("stale", stale.headers, stale.body));
+    }
+    all
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_provider_refuses_forgeries_and_delivers_each_event_once() {
     let mut card = crate::report::Card::new("T16", "sqlite");
@@ -96,49 +137,18 @@ async fn every_provider_refuses_forgeries_and_delivers_each_event_once() {
             let event = fixtures::build(provider, Some(name), Some(&id), &secret, &url, now)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
 
-            let forged = fixtures::build(
-                provider,
-                Some(name),
-                Some(&id),
-                &wrong_secret(provider),
-                &url,
-                now,
-            )
-            .expect("forged event");
-            let (status, body) = ingest.post(source, &forged.headers, forged.body).await;
-            assert_eq!(status, 401, "{what} wrong secret: {body}");
-            assert!(
-                matches!(
-                    body["code"].as_str(),
-                    Some("invalid_signature" | "malformed_signature")
-                ),
-                "{what} wrong secret: {body}"
-            );
-
-            let mut tampered = event.body.clone();
-            tampered.push(b' ');
-            let (status, body) = ingest.post(source, &event.headers, tampered).await;
-            assert_eq!(status, 401, "{what} tampered: {body}");
-
-            let unsigned: Vec<_> = event
-                .headers
-                .iter()
-                .filter(|(n, _)| !is_signature_header(n))
-                .cloned()
-                .collect();
-            let (status, body) = ingest.post(source, &unsigned, event.body.clone()).await;
-            assert_eq!(status, 401, "{what} unsigned: {body}");
-
-            if TIMESTAMPED.contains(provider) {
-                let old = now.minus(std::time::Duration::from_secs(400));
-                let stale = fixtures::build(provider, Some(name), Some(&id), &secret, &url, old)
-                    .expect("stale event");
-                let (status, body) = ingest.post(source, &stale.headers, stale.body).await;
-                assert_eq!(
-                    (status, body["code"].as_str()),
-                    (401, Some("stale_timestamp")),
-                    "{what} stale"
-                );
+            for (kind, headers, body) in forgeries(provider, name, &id, &secret, &url, now) {
+                let (status, answer) = ingest.post(source, &headers, body).await;
+                assert_eq!(status, 401, "{what} {kind}: {answer}");
+                let code = answer["code"].as_str();
+                match kind {
+                    "wrong secret" => assert!(
+                        matches!(code, Some("invalid_signature" | "malformed_signature")),
+                        "{what} wrong secret: {answer}"
+                    ),
+                    "stale" => assert_eq!(code, Some("stale_timestamp"), "{what} stale"),
+                    _ => {}
+                }
             }
 
             // Nothing above claimed the id: the genuine event is new, then a duplicate.
@@ -464,5 +474,112 @@ async fn send_shows_the_verdict_of_an_answer_in_twiml() {
             "{stdout}"
         );
         assert!(stdout.contains("<Response"), "{stdout}");
+    }
+}
+
+/// T16 with the store counted. Every provider's test events and their forgeries (wrong secret,
+/// tampered body, signature left out, stale timestamp) go through the ingest router built
+/// in-process over a counting store — and, in Redis mode, a counting key store: a forgery's
+/// only store call is its history record (`record_rejection`), with no claim, key or outbox
+/// read or write, and the key store is never called; each genuine event after them is one
+/// `ingest` (in Redis mode, one claim and one `complete`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgery_reads_and_writes_no_key_and_no_outbox_row() {
+    use hooklatch::http::{ExternalKeys, IngestState};
+    use hooklatch_testkit::{Counting, MemoryKeys, MemoryStore};
+    use tower::ServiceExt;
+
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let config = dir.path().join("hooklatch.toml");
+    let text = format!(
+        "[store]\nurl = \"sqlite://{}/unused.db\"\n\n[[destinations]]\nname = \"app\"\n\
+         url = \"http://127.0.0.1:9/sink\"\nallow = [\"127.0.0.1\"]\n\n{}",
+        dir.path().display(),
+        options().extra_config
+    );
+    std::fs::write(&config, text).expect("writing the config");
+    let env = std::collections::HashMap::from([(
+        "HOOKLATCH_ADMIN_TOKEN".to_owned(),
+        crate::support::ADMIN_TOKEN.to_owned(),
+    )]);
+    let settings = hooklatch::config::load(Some(&config), &env).expect("the config loads");
+
+    for redis_mode in [false, true] {
+        let store = std::sync::Arc::new(Counting::new(MemoryStore::default()));
+        let keys = std::sync::Arc::new(Counting::new(MemoryKeys::default()));
+        let router = hooklatch::http::ingest_router(std::sync::Arc::new(IngestState {
+            store: store.clone(),
+            sources: settings
+                .sources
+                .iter()
+                .map(|s| (s.name.to_string(), s.clone()))
+                .collect(),
+            body_limit: settings.body_limit,
+            body_timeout: settings.body_timeout,
+            enqueued: Default::default(),
+            keys: redis_mode.then(|| ExternalKeys {
+                store: keys.clone(),
+                lease: std::time::Duration::from_secs(30),
+            }),
+            handoff: None,
+        }));
+        let post = |source: &str, headers: &[(String, String)], body: Vec<u8>| {
+            let mut request = http::Request::post(format!("/in/{source}")).header("host", HOST);
+            for (name, value) in headers {
+                request = request.header(name.as_str(), value.as_str());
+            }
+            let request = request
+                .body(axum::body::Body::from(body))
+                .expect("a request");
+            let router = router.clone();
+            async move {
+                let answer = router.oneshot(request).await.expect("an answer");
+                answer.status().as_u16()
+            }
+        };
+        const HOST: &str = "127.0.0.1:9";
+
+        let mut genuine = Vec::new();
+        let mut forged = 0;
+        for (provider, source, secret, _) in SOURCES {
+            let secret = Secret::from_text(secret);
+            let url = format!("http://{HOST}/in/{source}");
+            for (_, name) in fixtures::catalog().filter(|(p, _)| p == provider) {
+                let id = unique("pid");
+                let now = Timestamp::now();
+                for (kind, headers, body) in forgeries(provider, name, &id, &secret, &url, now) {
+                    let status = post(source, &headers, body).await;
+                    assert_eq!(
+                        status, 401,
+                        "{provider}/{name} {kind} (redis: {redis_mode})"
+                    );
+                    forged += 1;
+                }
+                let event = fixtures::build(provider, Some(name), Some(&id), &secret, &url, now)
+                    .expect("a test event");
+                genuine.push((*source, event));
+            }
+        }
+        let mode = if redis_mode { "redis mode" } else { "sql mode" };
+        assert_eq!(
+            store.calls(),
+            std::collections::BTreeMap::from([("record_rejection", forged)]),
+            "{mode}: {forged} forgeries, each one history record and nothing else"
+        );
+        assert!(keys.calls().is_empty(), "{mode}: {:?}", keys.calls());
+
+        for (source, event) in &genuine {
+            let status = post(source, &event.headers, event.body.clone()).await;
+            assert_eq!(status, 200, "{source} genuine ({mode})");
+        }
+        let n = genuine.len() as u64;
+        assert_eq!(store.count("ingest"), n, "{mode}");
+        if redis_mode {
+            assert_eq!((keys.count("claim"), keys.count("complete")), (n, n));
+        }
+        println!(
+            "{mode}: {forged} forgeries, store calls {:?}",
+            store.calls()
+        );
     }
 }
