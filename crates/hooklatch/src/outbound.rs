@@ -10,7 +10,9 @@
 //! made (the URL parser has already turned `http://2130706433/` and `http://0177.0.0.1/` into
 //! `127.0.0.1`). Redirects are never followed, and no proxy from the environment is used.
 
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,18 +20,39 @@ use hooklatch_core::netguard::{AddressPolicy, Blocked};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
 
+/// Looks a name up: the system resolver, or a test's.
+type Lookup = Arc<
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<SocketAddr>>> + Send>>
+        + Send
+        + Sync,
+>;
+
 /// Resolves names with the system resolver and keeps only the addresses the policy passes.
 struct GuardedResolver {
     policy: AddressPolicy,
+    lookup: Lookup,
+}
+
+impl GuardedResolver {
+    fn new(policy: AddressPolicy) -> GuardedResolver {
+        GuardedResolver {
+            policy,
+            lookup: Arc::new(|host: String| {
+                Box::pin(
+                    async move { Ok(tokio::net::lookup_host((host.as_str(), 0)).await?.collect()) },
+                )
+            }),
+        }
+    }
 }
 
 impl Resolve for GuardedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.policy.clone();
         let host = name.as_str().to_owned();
+        let lookup = (self.lookup)(host.clone());
         Box::pin(async move {
-            let resolved: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let resolved: Vec<SocketAddr> = lookup.await?;
             let mut blocked = None;
             let passed: Vec<SocketAddr> = resolved
                 .into_iter()
@@ -55,13 +78,17 @@ impl Resolve for GuardedResolver {
 
 /// A delivery client for one destination: its policy, no redirects, no proxy.
 pub(crate) fn client(policy: AddressPolicy) -> reqwest::Result<reqwest::Client> {
+    client_with(GuardedResolver::new(policy))
+}
+
+fn client_with(resolver: GuardedResolver) -> reqwest::Result<reqwest::Client> {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .user_agent(concat!("hooklatch/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(10))
         .pool_idle_timeout(Duration::from_secs(30))
-        .dns_resolver(Arc::new(GuardedResolver { policy }))
+        .dns_resolver(Arc::new(resolver))
         .build()
 }
 
@@ -90,12 +117,24 @@ mod tests {
             "http://[::ffff:127.0.0.1]/",
             "http://[::1]:8080/",
             "http://169.254.169.254/latest/meta-data/",
+            // What comes before `@` is credentials, not the host.
+            "http://93.184.215.14@127.0.0.1/",
+            "http://user:pass@127.0.0.1:8080/",
+            "http://127.0.0.1:80@169.254.169.254/",
+            "http://example.com@[::1]/",
+            "http://93.184.215.14:443@10.0.0.1/",
         ] {
             let url = Url::parse(url).unwrap();
             assert!(check_literal(&url, &policy).is_err(), "{url}");
         }
-        let public = Url::parse("https://93.184.215.14/hook").unwrap();
-        assert_eq!(check_literal(&public, &policy), Ok(()));
+        for public in [
+            "https://93.184.215.14/hook",
+            "http://127.0.0.1@93.184.215.14/",
+            "http://localhost:80@93.184.215.14/",
+        ] {
+            let url = Url::parse(public).unwrap();
+            assert_eq!(check_literal(&url, &policy), Ok(()), "{public}");
+        }
         let name = Url::parse("http://localhost:3000/").unwrap();
         assert_eq!(
             check_literal(&name, &policy),
@@ -106,9 +145,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_name_that_resolves_only_to_blocked_addresses_is_refused() {
-        let resolver = GuardedResolver {
-            policy: AddressPolicy::default(),
-        };
+        let resolver = GuardedResolver::new(AddressPolicy::default());
         let name: Name = "localhost".parse().unwrap();
         let err = match resolver.resolve(name).await {
             Ok(addrs) => panic!("resolved to {:?}", addrs.collect::<Vec<_>>()),
@@ -120,12 +157,10 @@ mod tests {
         );
         assert!(err.contains("loopback"), "{err}");
 
-        let allowed = GuardedResolver {
-            policy: AddressPolicy::new(vec![
-                AddressPolicy::parse_entry("127.0.0.0/8").unwrap(),
-                AddressPolicy::parse_entry("::1").unwrap(),
-            ]),
-        };
+        let allowed = GuardedResolver::new(AddressPolicy::new(vec![
+            AddressPolicy::parse_entry("127.0.0.0/8").unwrap(),
+            AddressPolicy::parse_entry("::1").unwrap(),
+        ]));
         let addrs: Vec<_> = allowed
             .resolve("localhost".parse().unwrap())
             .await
@@ -133,5 +168,89 @@ mod tests {
             .collect();
         assert!(!addrs.is_empty());
         assert!(addrs.iter().all(|a| a.ip().is_loopback()), "{addrs:?}");
+    }
+
+    /// A listener on `ip:port` (0: any port) counting the TCP connections it accepts and
+    /// answering each with a 200; its port and the count. `None` when the port is taken.
+    async fn counting_listener(
+        ip: &str,
+        port: u16,
+    ) -> Option<(u16, Arc<std::sync::atomic::AtomicUsize>)> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind((ip, port)).await.ok()?;
+        let port = listener.local_addr().unwrap().port();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 4096];
+                    let _ = conn.read(&mut buf).await;
+                    let answer =
+                        "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                    let _ = conn.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Some((port, accepted))
+    }
+
+    /// DNS rebinding: a name whose answers change between lookups — the blocked address alone,
+    /// the allowed one alone, both — is checked at every lookup, and the blocked address is
+    /// never dialled (a listener on it counts TCP connections, not HTTP requests).
+    #[tokio::test]
+    async fn a_name_whose_answers_change_never_has_its_blocked_address_dialled() {
+        // One port for both: the canary on 127.0.0.1, the destination on 127.0.0.2.
+        let (port, canary, allowed) = loop {
+            let (port, canary) = counting_listener("127.0.0.1", 0).await.unwrap();
+            if let Some((_, allowed)) = counting_listener("127.0.0.2", port).await {
+                break (port, canary, allowed);
+            }
+        };
+        let canary_addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        let allowed_addr = SocketAddr::from(([127, 0, 0, 2], 0));
+        let lookups = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = lookups.clone();
+        let resolver = GuardedResolver {
+            policy: AddressPolicy::new(vec![AddressPolicy::parse_entry("127.0.0.2").unwrap()]),
+            lookup: Arc::new(move |_host: String| {
+                let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = match n % 3 {
+                    0 => vec![canary_addr],
+                    1 => vec![allowed_addr],
+                    _ => vec![canary_addr, allowed_addr],
+                };
+                Box::pin(async move { Ok(answer) })
+            }),
+        };
+        let client = client_with(resolver).unwrap();
+        let (mut sent, mut refused) = (0, 0);
+        for _ in 0..30 {
+            // A fresh connection each time (the answer says `close`), so a fresh lookup.
+            match client
+                .post(format!("http://rebinding.test:{port}/hook"))
+                .send()
+                .await
+            {
+                Ok(res) => {
+                    assert_eq!(res.status(), 200);
+                    sent += 1;
+                }
+                Err(err) => {
+                    let chain = format!("{err:?}");
+                    assert!(
+                        chain.contains("resolves only to blocked addresses"),
+                        "{chain}"
+                    );
+                    refused += 1;
+                }
+            }
+        }
+        let dialled = canary.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(dialled, 0, "TCP connections to the blocked address");
+        assert_eq!((sent, refused), (20, 10));
+        assert_eq!(allowed.load(std::sync::atomic::Ordering::SeqCst), 20);
+        assert_eq!(lookups.load(std::sync::atomic::Ordering::SeqCst), 30);
     }
 }
