@@ -1360,6 +1360,8 @@ struct PrivateBroker {
     uid: u32,
     gid: u32,
     child: Option<Child>,
+    /// It has taken connections once: its ports are in the gateway's config.
+    booted: bool,
 }
 
 impl PrivateBroker {
@@ -1376,12 +1378,6 @@ impl PrivateBroker {
             println!("skipped: no rabbitmq-server");
             return None;
         }
-        let free = || {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free port")
-                .port()
-        };
         let own = |path: &Path| {
             std::os::unix::fs::chown(path, Some(uid), Some(gid)).expect("giving it to rabbitmq")
         };
@@ -1395,11 +1391,12 @@ impl PrivateBroker {
             dir: dir.to_owned(),
             mnesia,
             node: format!("hooklatch-t5-{}@localhost", unique("n").replace('_', "-")),
-            port: free(),
-            dist_port: free(),
+            port: support::free_port(),
+            dist_port: support::free_port(),
             uid,
             gid,
             child: None,
+            booted: false,
         })
     }
 
@@ -1409,6 +1406,29 @@ impl PrivateBroker {
 
     /// Starts the node (recovering what its disk kept) and waits until it takes connections.
     async fn start(&mut self) {
+        // A node that exits while booting gets two more tries: on its first boot with fresh
+        // ports (another test may have taken one between picking it and the node binding it),
+        // after a power cut on the same ones (the gateway is configured with them).
+        for _ in 0..3 {
+            self.spawn();
+            if self.wait_taking_connections().await {
+                self.booted = true;
+                return;
+            }
+            println!(
+                "the private RabbitMQ exited while booting; trying again:\n{}",
+                self.output()
+            );
+            self.kill9();
+            if !self.booted {
+                self.port = support::free_port();
+                self.dist_port = support::free_port();
+            }
+        }
+        panic!("the private RabbitMQ exited three times while booting");
+    }
+
+    fn spawn(&mut self) {
         use std::os::unix::process::CommandExt;
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -1436,13 +1456,46 @@ impl PrivateBroker {
             .spawn()
             .expect("starting rabbitmq-server");
         self.child = Some(child);
+    }
+
+    /// Waits until the node takes connections (`true`) or exits (`false`); panics with its
+    /// output after 120 s of neither.
+    async fn wait_taking_connections(&mut self) -> bool {
         let url = self.url();
-        support::eventually_within(
-            "the private RabbitMQ takes connections",
-            Duration::from_secs(120),
-            async || TestBroker::try_connect(&url).await.is_some(),
-        )
-        .await;
+        let started = std::time::Instant::now();
+        while TestBroker::try_connect(&url).await.is_none() {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten());
+            if exited.is_some() {
+                return false;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                panic!(
+                    "the private RabbitMQ took no connection within 120 s:\n{}",
+                    self.output()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        true
+    }
+
+    /// The tail of what the node printed and logged, for a failure's message.
+    fn output(&self) -> String {
+        let mut text = String::new();
+        let mut files = vec![self.dir.join("server.out")];
+        if let Ok(logs) = std::fs::read_dir(self.dir.join("log")) {
+            files.extend(logs.filter_map(Result::ok).map(|e| e.path()));
+        }
+        for file in files {
+            let content = std::fs::read_to_string(&file).unwrap_or_default();
+            let lines: Vec<&str> = content.lines().collect();
+            let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+            text.push_str(&format!("--- {}\n{tail}\n", file.display()));
+        }
+        text
     }
 
     fn kill9(&mut self) {
