@@ -167,3 +167,34 @@ async fn the_old_payload_replayed_after_delivery_gets_2xx_and_is_not_forwarded()
     assert_eq!(handler.count_for(&key), 1, "the replay was not forwarded");
     assert_eq!(handler.total(), 2);
 }
+
+/// T1 on SQLite at full size: 1,000 events (`HOOKLATCH_SCALE` times more in the soak tier),
+/// each sent 32 times by 64 senders with 0–5 ms of jitter per copy (the card's seed): one
+/// `accepted` and 31 `duplicate`s per event, every answer 200, each event forwarded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_events_sent_32_times_each_make_one_claim_and_one_forward_each() {
+    let mut card = crate::report::Card::new("T1", "sqlite");
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    // SQLite answers every copy itself (no lock waits): nothing to retry.
+    let retry = crate::support::Retry {
+        statuses: &[],
+        attempts: 1,
+        backoff: std::time::Duration::ZERO,
+    };
+    let (ids, _) = crate::support::one_claim_per_event(
+        &[gw.ingest()],
+        &gw,
+        &handler,
+        &mut card,
+        &unique("evt_sqlite_storm"),
+        32,
+        retry,
+    )
+    .await;
+    println!(
+        "T1 sqlite: ids={} copies=32 forwards={}",
+        ids.len(),
+        handler.total()
+    );
+}

@@ -507,6 +507,75 @@ pub async fn storm(
     (answers, retried.load(Ordering::Relaxed))
 }
 
+/// How a provider retries a copy in [`one_claim_per_event`]: the statuses it retries, how many
+/// times, and how long apart.
+pub struct Retry {
+    pub statuses: &'static [u16],
+    pub attempts: usize,
+    pub backoff: Duration,
+}
+
+/// T1's storm and its check: `ids_n` events (ids `{prefix}_NNNN`) sent `copies` times each by
+/// 64 senders spread over `ingests` ([`storm`]). Every id gets one `accepted` and `copies − 1`
+/// `duplicate`s, every final answer 200; every event reaches `handler` exactly once and nothing
+/// is left pending on `gateway`. Fills in `card` (ops, acked, duplicates, forwards, retried) and
+/// returns the ids and how many copies were retried.
+pub async fn one_claim_per_event(
+    ingests: &[Ingest],
+    gateway: &Gateway,
+    handler: &Handler,
+    card: &mut crate::report::Card,
+    prefix: &str,
+    copies: usize,
+    retry: Retry,
+) -> (Vec<String>, usize) {
+    let ids_n = crate::report::scaled(1_000);
+    let ids: Vec<String> = (0..ids_n).map(|i| format!("{prefix}_{i:04}")).collect();
+    let seed = card.seed();
+    let (answers, retried) = storm(
+        ingests,
+        &ids,
+        copies,
+        retry.statuses,
+        retry.attempts,
+        retry.backoff,
+        seed,
+    )
+    .await;
+    for id in &ids {
+        let got = &answers[id];
+        assert_eq!(got.len(), copies, "{id}");
+        let accepted = got.iter().filter(|a| *a == &(200, "accepted".to_owned()));
+        let duplicates = got.iter().filter(|a| *a == &(200, "duplicate".to_owned()));
+        assert_eq!(
+            (accepted.count(), duplicates.count()),
+            (1, copies - 1),
+            "{id}: {got:?}"
+        );
+    }
+    wait_until_within("every event forwarded", Duration::from_secs(120), || {
+        handler.distinct_keys().len() == ids_n
+    })
+    .await;
+    eventually_within(
+        "every outbox row delivered",
+        Duration::from_secs(60),
+        async || gateway.deliveries("state=pending").await.is_empty(),
+    )
+    .await;
+    let twice: Vec<_> = ids
+        .iter()
+        .filter(|id| handler.count_for(&format!("stripe:{id}")) != 1)
+        .collect();
+    assert!(twice.is_empty(), "forwarded other than once: {twice:?}");
+    card.count("ops", ids_n * copies)
+        .count("acked", ids_n)
+        .count("duplicates", handler.total() - ids_n)
+        .figure("forwards", handler.total())
+        .figure("retried", retried);
+    (ids, retried)
+}
+
 /// A client for `POST /in/{source}`; cheap to clone into sender tasks.
 #[derive(Clone)]
 pub struct Ingest {
