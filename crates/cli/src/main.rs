@@ -806,7 +806,10 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             for id in &ids {
                 println!("{id}");
             }
-            eprintln!("imported {} capture(s)", ids.len());
+            eprintln!(
+                "imported {}",
+                hooklatch::counted(ids.len() as u64, "capture", "captures")
+            );
             Ok(Outcome::Passed)
         }
         Command::Migrate { config } => {
@@ -825,9 +828,13 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             }
             let settings = config::load(config.as_deref(), &env)?;
             println!(
-                "configuration is valid: {} source(s), {} destination(s)",
-                settings.sources.len(),
-                settings.destinations.len()
+                "configuration is valid: {}, {}",
+                hooklatch::counted(settings.sources.len() as u64, "source", "sources"),
+                hooklatch::counted(
+                    settings.destinations.len() as u64,
+                    "destination",
+                    "destinations"
+                )
             );
             Ok(Outcome::Passed)
         }
@@ -919,7 +926,10 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
         }
     }
     if !args.json {
-        eprintln!("{} request(s)", items.len());
+        eprintln!(
+            "{}",
+            hooklatch::counted(items.len() as u64, "request", "requests")
+        );
     }
     Ok(())
 }
@@ -1465,7 +1475,10 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
     for id in &skipped {
         eprintln!("skipped {id}: its body was not kept whole (refused as too large)");
     }
-    eprintln!("exported {} capture(s)", captures.len());
+    eprintln!(
+        "exported {}",
+        hooklatch::counted(captures.len() as u64, "capture", "captures")
+    );
     Ok(())
 }
 
@@ -1580,9 +1593,10 @@ fn destinations(
             let client = admin_client(&admin, settings.as_ref());
             let answer = runtime.block_on(client.enable_destination(&name));
             done_or_refused(&name, answer, |item| {
+                let woken = item["woken"].as_u64().unwrap_or(0);
                 format!(
-                    "enabled; {} waiting deliver(ies) due now",
-                    item["woken"].as_u64().unwrap_or(0)
+                    "enabled; {} due now",
+                    hooklatch::counted(woken, "held delivery", "held deliveries")
                 )
             })
         }
@@ -1618,7 +1632,14 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
                 }
             }
             if !json {
-                eprintln!("{} dead-lettered deliver(ies)", items.len());
+                eprintln!(
+                    "{}",
+                    hooklatch::counted(
+                        items.len() as u64,
+                        "dead-lettered delivery",
+                        "dead-lettered deliveries"
+                    )
+                );
             }
             Ok(Outcome::Passed)
         }

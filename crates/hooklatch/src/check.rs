@@ -335,8 +335,8 @@ pub async fn check(
     if let (Some(before), Some(after)) = (before, after) {
         if after > before {
             failures.push(format!(
-                "a replay after the first delivery was fully processed produced {} new effect(s): the dedup record expires too early or is kept in memory (a restart or a second instance forgets it); keep it in the database for the provider's whole retry window",
-                after - before
+                "a replay after the first delivery was fully processed produced {}: the dedup record expires too early or is kept in memory (a restart or a second instance forgets it); keep it in the database for the provider's whole retry window",
+                crate::counted((after - before) as u64, "new effect", "new effects")
             ));
         }
     }
@@ -372,8 +372,8 @@ pub async fn check(
         if let (Some(before), Some(after)) = (before, after) {
             if after > before {
                 failures.push(format!(
-                    "the same id with a different body produced {} new effect(s): the handler keys on the body (or its hash), not on the provider's event id",
-                    after - before
+                    "the same id with a different body produced {}: the handler keys on the body (or its hash), not on the provider's event id",
+                    crate::counted((after - before) as u64, "new effect", "new effects")
                 ));
             }
         }

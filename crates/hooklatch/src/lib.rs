@@ -55,6 +55,11 @@ pub use config::Settings;
 pub use hooklatch_core as core;
 pub use hooklatch_http as http;
 
+/// `n` and the noun for it, in the singular or the plural: "1 request", "3 requests".
+pub fn counted(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 /// An open store, and the task that wakes workers when another instance queues work (for
 /// stores shared between instances).
 pub struct OpenStore {
@@ -488,5 +493,18 @@ fn log_effective_config(settings: &Settings) {
     }
     if settings.sources.is_empty() {
         tracing::warn!("no [[sources]] configured: every request to /in/... will get 404");
+    }
+}
+
+#[cfg(test)]
+mod counted_tests {
+    #[test]
+    fn one_is_singular_and_every_other_count_plural() {
+        assert_eq!(super::counted(0, "request", "requests"), "0 requests");
+        assert_eq!(super::counted(1, "request", "requests"), "1 request");
+        assert_eq!(
+            super::counted(2, "held delivery", "held deliveries"),
+            "2 held deliveries"
+        );
     }
 }

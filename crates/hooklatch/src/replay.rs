@@ -444,8 +444,8 @@ impl ReplayReport {
         let _ = writeln!(out, "replay {} → {}", self.capture, self.url);
         let _ = writeln!(
             out,
-            "  {} request(s), concurrency {}, {}",
-            self.responses.len(),
+            "  {}, concurrency {}, {}",
+            crate::counted(self.responses.len() as u64, "request", "requests"),
             self.concurrency,
             self.signing
         );
