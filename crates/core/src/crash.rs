@@ -15,6 +15,7 @@ pub const POINTS: &[&str] = &[
     KEYS_AFTER_CLAIM_BEFORE_STORE,
     KEYS_AFTER_STORE_BEFORE_DONE,
     INGEST_AFTER_COMMIT_BEFORE_ANSWER,
+    MID_RESPONSE_WRITE,
     WORKER_AFTER_LEASE_BEFORE_SEND,
     WORKER_AFTER_2XX_BEFORE_RECORD,
     WORKER_AFTER_PUBLISH_BEFORE_RECORD,
@@ -32,6 +33,10 @@ pub const KEYS_AFTER_CLAIM_BEFORE_STORE: &str = "keys_after_claim_before_store";
 pub const KEYS_AFTER_STORE_BEFORE_DONE: &str = "keys_after_store_before_done";
 /// Ingest's transaction committed; the provider has not been answered.
 pub const INGEST_AFTER_COMMIT_BEFORE_ANSWER: &str = "ingest_after_commit_before_answer";
+/// Ingest's 2xx answer is being written: its status line is sent, the rest is not (the
+/// connection then closes with the process). Checked where the ingest listener writes
+/// ([`armed`]), not in the handler.
+pub const MID_RESPONSE_WRITE: &str = "mid_response_write";
 /// A worker holds a delivery's lease and has not sent it.
 pub const WORKER_AFTER_LEASE_BEFORE_SEND: &str = "worker_after_lease_before_send";
 /// The destination answered 2xx; the attempt is not recorded.
@@ -46,6 +51,21 @@ pub const WORKER_BEFORE_DEAD_LETTER: &str = "worker_before_dead_letter";
 #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
 pub fn point(name: &str) {
     fail::fail_point!(name, |_| std::process::abort());
+}
+
+/// Whether `FAILPOINTS` names `name` as `name=return` (with the `failpoints` feature; always
+/// `false` without it, so a caller's branch compiles away): for a point whose abort must come
+/// after the caller did something first ([`MID_RESPONSE_WRITE`]), then [`abort`].
+#[inline]
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+pub fn armed(name: &str) -> bool {
+    fail::fail_point!(name, |_| true);
+    false
+}
+
+/// Aborts the process: no destructor, no flush, no answer (an armed point's end).
+pub fn abort() -> ! {
+    std::process::abort()
 }
 
 /// A point that can fail as well as abort: `Err` with a message naming the point when
@@ -88,6 +108,17 @@ mod tests {
         }
         assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(()), "after its count");
         assert_eq!(fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER), Ok(()));
+        scenario.teardown();
+    }
+
+    #[test]
+    fn a_point_is_armed_only_while_configured_and_only_as_often_as_its_count() {
+        let scenario = fail::FailScenario::setup();
+        assert!(!armed(MID_RESPONSE_WRITE), "off by default");
+        fail::cfg(MID_RESPONSE_WRITE, "1*return").unwrap();
+        assert!(armed(MID_RESPONSE_WRITE));
+        assert!(!armed(MID_RESPONSE_WRITE), "after its count");
+        assert!(!armed(INGEST_BEFORE_COMMIT));
         scenario.teardown();
     }
 }

@@ -6,16 +6,21 @@
 //! accepting, lets open connections finish their request for up to the grace period, then
 //! returns.
 
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use axum::Router;
+use hooklatch_core::crash;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
@@ -53,7 +58,13 @@ pub(crate) async fn serve(
             .timer(TokioTimer::new())
             .header_read_timeout(header_timeout)
             .keep_alive(true)
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service));
+            .serve_connection(
+                TokioIo::new(Connection {
+                    stream,
+                    ingest: name == "ingest",
+                }),
+                TowerToHyperService::new(service),
+            );
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(err) = conn.await {
@@ -67,5 +78,76 @@ pub(crate) async fn serve(
         _ = tokio::time::sleep(grace) => {
             tracing::warn!(listener = name, "shutdown grace over; closing open connections")
         }
+    }
+}
+
+/// A served connection: reads and writes pass through to its stream. On the ingest listener,
+/// with the `mid_response_write` crash point armed (test builds only; otherwise the check
+/// compiles to nothing), a 2xx answer's status line is sent alone and the process aborts: the
+/// provider hears a cut answer, never a whole 2xx, after the request was committed.
+struct Connection {
+    stream: TcpStream,
+    ingest: bool,
+}
+
+impl Connection {
+    fn cut_here(&self, head: &[u8]) -> bool {
+        self.ingest && head.starts_with(b"HTTP/1.1 2") && crash::armed(crash::MID_RESPONSE_WRITE)
+    }
+
+    /// Sends `HTTP/1.1 2xx` of `head` and aborts.
+    fn cut(&mut self, cx: &mut Context<'_>, head: &[u8]) -> ! {
+        let status_line = &head[..head.len().min(12)];
+        let _ = Pin::new(&mut self.stream).poll_write(cx, status_line);
+        crash::abort()
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if this.cut_here(buf) {
+            this.cut(cx, buf);
+        }
+        Pin::new(&mut this.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        if let Some(head) = bufs.first().filter(|head| this.cut_here(head)) {
+            let head = head.to_vec();
+            this.cut(cx, &head);
+        }
+        Pin::new(&mut this.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
     }
 }

@@ -88,6 +88,15 @@ const CASES: &[Case] = &[
         app: App::Healthy,
     },
     Case {
+        point: crash::MID_RESPONSE_WRITE,
+        // The provider reads `HTTP/1.1 200` and then the end of the connection: a cut answer,
+        // which it retries; the commit came before, so as above.
+        answered: Some(false),
+        retry_answer: "duplicate",
+        deliveries: 1..=2,
+        app: App::Healthy,
+    },
+    Case {
         point: crash::WORKER_AFTER_LEASE_BEFORE_SEND,
         answered: None,
         retry_answer: "duplicate",
