@@ -1365,8 +1365,9 @@ struct PrivateBroker {
 }
 
 impl PrivateBroker {
-    /// `None` (after printing why) without `rabbitmq-server` or its user.
-    fn new(dir: &Path, mnt: &Path) -> Option<PrivateBroker> {
+    /// `None` (after printing why) without `rabbitmq-server` or its user. Its data goes in
+    /// `mnt`, its log and output in `dir`; its node name starts `hooklatch-{test}-`.
+    fn new(dir: &Path, mnt: &Path, test: &str) -> Option<PrivateBroker> {
         let Some((uid, gid)) = support::system_user("rabbitmq") else {
             println!("skipped: no rabbitmq user to run a private RabbitMQ as");
             return None;
@@ -1390,7 +1391,10 @@ impl PrivateBroker {
         Some(PrivateBroker {
             dir: dir.to_owned(),
             mnesia,
-            node: format!("hooklatch-t5-{}@localhost", unique("n").replace('_', "-")),
+            node: format!(
+                "hooklatch-{test}-{}@localhost",
+                unique("n").replace('_', "-")
+            ),
             port: support::free_port(),
             dist_port: support::free_port(),
             uid,
@@ -1503,6 +1507,45 @@ impl PrivateBroker {
             support::kill_process_group(&mut child);
         }
     }
+
+    /// `rabbitmqctl ARGS…` against this node, as the `rabbitmq` user (its Erlang cookie);
+    /// panics with its output when it fails. Returns its standard output.
+    fn ctl(&self, args: &[&str]) -> String {
+        use std::os::unix::process::CommandExt;
+        let out = Command::new("rabbitmqctl")
+            .env("HOME", "/var/lib/rabbitmq")
+            .args(["-q", "-n", &self.node])
+            .args(args)
+            .uid(self.uid)
+            .gid(self.gid)
+            .output()
+            .expect("running rabbitmqctl");
+        assert!(
+            out.status.success(),
+            "rabbitmqctl {args:?} on {}: {}{}",
+            self.node,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `queue`'s line in `rabbitmqctl list_queues name leader`: its name and its leader node.
+    fn queue_leader(&self, queue: &str) -> String {
+        let leaders = self.ctl(&["list_queues", "name", "leader", "--no-table-headers"]);
+        leaders
+            .lines()
+            .find(|l| l.starts_with(queue))
+            .unwrap_or_else(|| panic!("{queue} in {leaders}"))
+            .to_owned()
+    }
+
+    /// Makes this node a member of `other`'s cluster.
+    fn join(&self, other: &PrivateBroker) {
+        self.ctl(&["stop_app"]);
+        self.ctl(&["join_cluster", &other.node]);
+        self.ctl(&["start_app"]);
+    }
 }
 
 impl Drop for PrivateBroker {
@@ -1528,7 +1571,7 @@ struct BrokerCut {
 async fn broker_power_cut(fsync: hooklatch_testkit::lazyfs::Fsync) -> Option<BrokerCut> {
     use hooklatch_testkit::lazyfs::Fsync;
     let (dir, mut fs) = support::lazy_mount(Fsync::Honoured)?;
-    let mut node = PrivateBroker::new(dir.path(), fs.path())?;
+    let mut node = PrivateBroker::new(dir.path(), fs.path(), "t5")?;
     node.start().await;
     let exchange = format!("hooklatch-e2e-x-{}", unique("power"));
     let queue = format!("hooklatch-e2e-q-{}", unique("power"));
@@ -1629,4 +1672,120 @@ async fn with_the_brokers_fsyncs_ignored_its_power_cut_loses_confirmed_publishes
          the test is blind",
         cut.confirmed
     );
+}
+
+/// T12, one of its faults: a cluster of three private nodes (own names and ports, data in temp
+/// directories, run as `rabbitmq`) and a quorum queue declared through node `b`, which puts its
+/// leader there. The gateway publishes through node `a`; once half of 200 events are confirmed,
+/// the leader is killed -9. The queue elects another leader on the two nodes left, the gateway
+/// retries what the kill left unconfirmed, every event ends recorded delivered, and every one
+/// of them is in the queue read through node `c`: lost = 0, copies only from publishes the kill
+/// left unconfirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_quorum_queues_leader_loses_no_confirmed_publish() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut card = report::Card::new("T12", "rabbitmq");
+    let mut dirs = Vec::new();
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("opening the temp dir to the rabbitmq user");
+        let Some(node) = PrivateBroker::new(dir.path(), dir.path(), "t12") else {
+            return;
+        };
+        dirs.push(dir);
+        nodes.push(node);
+    }
+    for node in &mut nodes {
+        node.start().await;
+    }
+    nodes[1].join(&nodes[0]);
+    nodes[2].join(&nodes[0]);
+    let members = nodes[0].ctl(&["cluster_status", "--formatter", "json"]);
+    for node in &nodes {
+        assert!(members.contains(&node.node), "{} in {members}", node.node);
+    }
+
+    let exchange = format!("hooklatch-e2e-x-{}", unique("t12"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("t12"));
+    let mut declarer = TestBroker::connect(&nodes[1].url()).await;
+    declarer.exchange(&exchange).await;
+    declarer
+        .bound_quorum_queue(&queue, &exchange, "payment.confirmed")
+        .await;
+    let leader_line = nodes[0].queue_leader(&queue);
+    assert!(
+        leader_line.contains(&nodes[1].node),
+        "the leader is on the declaring node: {leader_line}"
+    );
+    drop(declarer);
+
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        options_with_retries(
+            &nodes[0].url(),
+            "max_attempts = 200\ninitial_backoff = \"100ms\"\nmax_backoff = \"500ms\"\njitter = 0.0\ntimeout = \"5s\"",
+            &format!("exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\""),
+        ),
+    )
+    .await;
+    // The provider sends while the leader dies, an event every 20 ms (pacing, so the burst
+    // outlasts the election): a quarter confirmed, then the kill, the rest published through
+    // the election and after it.
+    let events = report::scaled(200);
+    let ingest = gw.ingest();
+    let sending = tokio::spawn(async move {
+        let mut keys = Vec::new();
+        for _ in 0..events {
+            let event = unique("evt_t12");
+            let body = stripe_invoice_paid(&event, 5000);
+            let (status, json) = ingest.post("stripe", &stripe_headers(&body), body).await;
+            assert_eq!((status, json["status"].as_str()), (200, Some("accepted")));
+            keys.push(format!("stripe:{event}"));
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        keys
+    });
+    let delivered = "hooklatch_delivery_attempts_total{destination=\"mq\",outcome=\"delivered\"}";
+    eventually("a quarter of the events confirmed", async || {
+        gw.metric(delivered).await >= (events / 4) as f64
+    })
+    .await;
+    let confirmed_before = gw.metric(delivered).await as usize;
+    nodes[1].kill9();
+    let keys = sending.await.expect("the provider's sends");
+    for key in &keys {
+        gw.wait_for_delivery_state(key, "delivered").await;
+    }
+    let leader_line = nodes[0].queue_leader(&queue);
+    assert!(
+        !leader_line.contains(&nodes[1].node),
+        "another node leads the queue after the kill: {leader_line}"
+    );
+    let retried = gw
+        .metric("hooklatch_delivery_attempts_total{destination=\"mq\",outcome=\"retry\"}")
+        .await as usize;
+    let mut reader = TestBroker::connect(&nodes[2].url()).await;
+    let ids = drain_message_ids(&mut reader, &queue).await;
+    let lost: Vec<&String> = keys.iter().filter(|key| !ids.contains(key)).collect();
+    let copies = ids.len() - (keys.len() - lost.len());
+    card.count("ops", events)
+        .count("acked", events)
+        .count("lost", lost.len())
+        .count("duplicates", copies)
+        .fault("kill9_leader", 1)
+        .figure("confirmed_before_the_kill", confirmed_before)
+        .figure("attempts_retried", retried)
+        .figure("messages_after", ids.len());
+    println!(
+        "T12: {events} events, {confirmed_before} confirmed before the leader's kill, \
+         {retried} attempts retried, {} in the queue after, {} lost, {copies} extra copies",
+        ids.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "confirmed publishes missing: {lost:?}");
+    drop(gw);
+    drop(nodes);
 }

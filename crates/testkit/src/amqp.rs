@@ -77,6 +77,29 @@ impl TestBroker {
 
     /// A durable queue bound to `exchange` with `routing_key`.
     pub async fn bound_queue(&mut self, name: &str, exchange: &str, routing_key: &str) {
+        self.bound_queue_with(name, exchange, routing_key, FieldTable::default())
+            .await;
+    }
+
+    /// A quorum queue bound to `exchange` with `routing_key` (its leader on the node this
+    /// connection is on, RabbitMQ's default `client-local` placement).
+    pub async fn bound_quorum_queue(&mut self, name: &str, exchange: &str, routing_key: &str) {
+        let mut args = FieldTable::default();
+        args.insert(
+            "x-queue-type".into(),
+            lapin::types::AMQPValue::LongString("quorum".into()),
+        );
+        self.bound_queue_with(name, exchange, routing_key, args)
+            .await;
+    }
+
+    async fn bound_queue_with(
+        &mut self,
+        name: &str,
+        exchange: &str,
+        routing_key: &str,
+        args: FieldTable,
+    ) {
         self.channel
             .queue_declare(
                 name,
@@ -84,7 +107,7 @@ impl TestBroker {
                     durable: true,
                     ..Default::default()
                 },
-                FieldTable::default(),
+                args,
             )
             .await
             .expect("declaring a queue");
