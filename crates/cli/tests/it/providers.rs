@@ -581,5 +581,44 @@ async fn a_forgery_reads_and_writes_no_key_and_no_outbox_row() {
             "{mode}: {forged} forgeries, store calls {:?}",
             store.calls()
         );
+
+        // T17: each claimed event replayed after the window (signed 400 s ago, byte-exact
+        // body): 401 `stale_timestamp`, with the history record its only store call, and no
+        // key read to find it was claimed.
+        store.reset();
+        keys.reset();
+        let mut stale = 0;
+        for (provider, source, secret, _) in SOURCES {
+            if !TIMESTAMPED.contains(provider) {
+                continue;
+            }
+            let secret = Secret::from_text(secret);
+            let url = format!("http://{HOST}/in/{source}");
+            for (claimed_source, event) in &genuine {
+                if claimed_source != source {
+                    continue;
+                }
+                let name = event.event_type.as_str();
+                let old = Timestamp::now().minus(std::time::Duration::from_secs(400));
+                let replay =
+                    fixtures::build(provider, Some(name), Some(&event.key), &secret, &url, old)
+                        .expect("a replay");
+                assert!(
+                    replay.body == event.body,
+                    "{provider}/{name}: the same body"
+                );
+                let status = post(source, &replay.headers, replay.body).await;
+                assert_eq!(status, 401, "{provider}/{name} replayed late ({mode})");
+                stale += 1;
+            }
+        }
+        assert!(stale >= 5, "{stale} late replays");
+        assert_eq!(
+            store.calls(),
+            std::collections::BTreeMap::from([("record_rejection", stale)]),
+            "{mode}: late replays of claimed events"
+        );
+        assert!(keys.calls().is_empty(), "{mode}: {:?}", keys.calls());
+        println!("{mode}: {stale} late replays of claimed events, each one history record");
     }
 }
