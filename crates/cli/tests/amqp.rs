@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use test_database::TestDatabase as TestDb;
 
-use hooklatch_testkit::amqp::{broker_url, header, TestBroker};
+use hooklatch_testkit::amqp::{broker_url, header, message_id, TestBroker};
 use sqlx::Connection as _;
 use support::{
     eventually, stripe_headers, stripe_invoice_paid, unique, wait_until, wait_until_within,
@@ -217,15 +217,7 @@ async fn a_crash_after_a_confirmed_publish_publishes_it_again_with_the_same_mess
             .await
             .unwrap_or_else(|| panic!("{copy} is in the queue"));
         assert_eq!(msg.delivery.data, body, "{copy}: the body, byte-exact");
-        assert_eq!(
-            msg.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string()),
-            Some(key.clone()),
-            "{copy}"
-        );
+        assert_eq!(message_id(&msg), Some(key.clone()), "{copy}");
     }
     assert!(
         broker
@@ -366,14 +358,7 @@ async fn send_accepted(gw: &Gateway, prefix: &str) -> String {
 async fn drain_message_ids(broker: &mut TestBroker, queue: &str) -> Vec<String> {
     let mut ids = Vec::new();
     while let Some(msg) = broker.get_within(queue, Duration::from_secs(2)).await {
-        ids.push(
-            msg.delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|s| s.to_string())
-                .unwrap_or_default(),
-        );
+        ids.push(message_id(&msg).unwrap_or_default());
     }
     ids
 }
@@ -1674,15 +1659,22 @@ async fn with_the_brokers_fsyncs_ignored_its_power_cut_loses_confirmed_publishes
     );
 }
 
-/// T12, one of its faults: a cluster of three private nodes (own names and ports, data in temp
-/// directories, run as `rabbitmq`) and a quorum queue declared through node `b`, which puts its
-/// leader there. The gateway publishes through node `a`; once half of 200 events are confirmed,
-/// the leader is killed -9. The queue elects another leader on the two nodes left, the gateway
-/// retries what the kill left unconfirmed, every event ends recorded delivered, and every one
-/// of them is in the queue read through node `c`: lost = 0, copies only from publishes the kill
-/// left unconfirmed.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killing_the_quorum_queues_leader_loses_no_confirmed_publish() {
+/// Which node of the T12 cluster is killed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ClusterKill {
+    /// `b`, the quorum queue's leader.
+    Leader,
+    /// `a`, the node the gateway publishes through.
+    GatewaysNode,
+}
+
+/// T12: a cluster of three private nodes (own names and ports, data in temp directories, run
+/// as `rabbitmq`) and a quorum queue declared through node `b`, which puts its leader there.
+/// The gateway publishes through node `a`, with `b` and `c` as its `amqp_fallback`, while a
+/// provider sends 200 events, one every 20 ms; once a quarter are confirmed, `kill` is killed
+/// -9. Every event ends recorded delivered, and every one is in the queue read through node
+/// `c`: lost = 0, copies only from publishes the kill left unconfirmed.
+async fn cluster_node_killed(kill: ClusterKill) {
     use std::os::unix::fs::PermissionsExt;
     let mut card = report::Card::new("T12", "rabbitmq");
     let mut dirs = Vec::new();
@@ -1727,7 +1719,12 @@ async fn killing_the_quorum_queues_leader_loses_no_confirmed_publish() {
         options_with_retries(
             &nodes[0].url(),
             "max_attempts = 200\ninitial_backoff = \"100ms\"\nmax_backoff = \"500ms\"\njitter = 0.0\ntimeout = \"5s\"",
-            &format!("exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\""),
+            &format!(
+                "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\n\
+                 amqp_fallback = [\"{}\", \"{}\"]",
+                nodes[1].url(),
+                nodes[2].url()
+            ),
         ),
     )
     .await;
@@ -1754,16 +1751,22 @@ async fn killing_the_quorum_queues_leader_loses_no_confirmed_publish() {
     })
     .await;
     let confirmed_before = gw.metric(delivered).await as usize;
-    nodes[1].kill9();
+    let killed = match kill {
+        ClusterKill::Leader => 1,
+        ClusterKill::GatewaysNode => 0,
+    };
+    nodes[killed].kill9();
     let keys = sending.await.expect("the provider's sends");
     for key in &keys {
         gw.wait_for_delivery_state(key, "delivered").await;
     }
-    let leader_line = nodes[0].queue_leader(&queue);
-    assert!(
-        !leader_line.contains(&nodes[1].node),
-        "another node leads the queue after the kill: {leader_line}"
-    );
+    let leader_line = nodes[2].queue_leader(&queue);
+    if kill == ClusterKill::Leader {
+        assert!(
+            !leader_line.contains(&nodes[1].node),
+            "another node leads the queue after the kill: {leader_line}"
+        );
+    }
     let retried = gw
         .metric("hooklatch_delivery_attempts_total{destination=\"mq\",outcome=\"retry\"}")
         .await as usize;
@@ -1775,17 +1778,42 @@ async fn killing_the_quorum_queues_leader_loses_no_confirmed_publish() {
         .count("acked", events)
         .count("lost", lost.len())
         .count("duplicates", copies)
-        .fault("kill9_leader", 1)
+        .fault(
+            match kill {
+                ClusterKill::Leader => "kill9_leader",
+                ClusterKill::GatewaysNode => "kill9_gateways_node",
+            },
+            1,
+        )
         .figure("confirmed_before_the_kill", confirmed_before)
         .figure("attempts_retried", retried)
         .figure("messages_after", ids.len());
     println!(
-        "T12: {events} events, {confirmed_before} confirmed before the leader's kill, \
+        "T12 ({}): {events} events, {confirmed_before} confirmed before the kill, \
          {retried} attempts retried, {} in the queue after, {} lost, {copies} extra copies",
+        match kill {
+            ClusterKill::Leader => "the leader killed",
+            ClusterKill::GatewaysNode => "the gateway's node killed",
+        },
         ids.len(),
         lost.len()
     );
     assert!(lost.is_empty(), "confirmed publishes missing: {lost:?}");
     drop(gw);
     drop(nodes);
+}
+
+/// T12: the quorum queue's leader killed mid-burst ([`cluster_node_killed`]). Another node
+/// leads the queue after it (checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_quorum_queues_leader_loses_no_confirmed_publish() {
+    cluster_node_killed(ClusterKill::Leader).await;
+}
+
+/// T12: the node the gateway publishes through killed mid-burst ([`cluster_node_killed`]): the
+/// gateway connects to the next node of its `amqp_fallback` and retries there what the kill
+/// left unconfirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_gateways_node_moves_it_to_another_and_loses_no_confirmed_publish() {
+    cluster_node_killed(ClusterKill::GatewaysNode).await;
 }

@@ -208,6 +208,9 @@ impl DestinationKind {
 pub struct AmqpSettings {
     /// `amqp://user:password@host:port/vhost`; may hold a password: log [`Self::redacted_url`].
     pub url: Secret,
+    /// Other nodes of the same cluster (`amqp_fallback`), tried in turn when the one in use
+    /// cannot be reached.
+    pub fallback: Vec<Secret>,
     /// The exchange (`""`: the default exchange).
     pub exchange: String,
     /// The routing key.
@@ -234,8 +237,14 @@ impl AmqpSettings {
 
 impl std::fmt::Debug for AmqpSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let fallback: Vec<String> = self
+            .fallback
+            .iter()
+            .map(|url| hooklatch_queue_rabbitmq::redact_url(url.expose_text().unwrap_or_default()))
+            .collect();
         f.debug_struct("AmqpSettings")
             .field("url", &self.redacted_url())
+            .field("fallback", &fallback)
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .field("declare", &self.declare)
@@ -327,6 +336,7 @@ struct RawDestination {
     url: Option<String>,
     secret: Option<String>,
     amqp: Option<String>,
+    amqp_fallback: Option<Vec<String>>,
     listen_token: Option<String>,
     allow: Option<Vec<String>>,
     exchange: Option<String>,
@@ -344,8 +354,9 @@ struct RawDestination {
 }
 
 /// The keys only an `amqp` destination takes, and whether `rd` sets each.
-fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 5] {
+fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 6] {
     [
+        ("amqp_fallback", rd.amqp_fallback.is_some()),
         ("exchange", rd.exchange.is_some()),
         ("routing_key", rd.routing_key.is_some()),
         ("declare", rd.declare.is_some()),
@@ -490,29 +501,21 @@ fn destination_kind(
                     "applies only to HTTP destinations (amqp messages carry message_id instead)",
                 ));
             }
-            let url = read_secret(&format!("{key}.amqp"), reference, env, base_dir)?;
-            let text = url
-                .expose_text()
-                .ok_or_else(|| err(format!("{key}.amqp"), "is not UTF-8"))?;
-            // The scheme is case-insensitive; the rest of the URL (its password) is never shown.
-            if text
-                .get(..AMQPS.len())
-                .is_some_and(|scheme| scheme.eq_ignore_ascii_case(AMQPS))
-            {
-                return Err(err(format!("{key}.amqp"), AMQPS_UNSUPPORTED));
-            }
-            if !text.starts_with("amqp://") {
-                return Err(err(format!("{key}.amqp"), "must be an amqp:// URL"));
-            }
-            if !hooklatch_queue_rabbitmq::is_valid_url(text) {
-                return Err(err(
-                    format!("{key}.amqp"),
-                    format!(
-                        "is not a valid AMQP URL: {}",
-                        hooklatch_queue_rabbitmq::redact_url(text)
-                    ),
-                ));
-            }
+            let url = amqp_url(&format!("{key}.amqp"), reference, env, base_dir)?;
+            let fallback = rd
+                .amqp_fallback
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(i, reference)| {
+                    amqp_url(
+                        &format!("{key}.amqp_fallback[{i}]"),
+                        reference,
+                        env,
+                        base_dir,
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
             let exchange = rd.exchange.clone().ok_or_else(|| {
                 err(
                     format!("{key}.exchange"),
@@ -546,6 +549,7 @@ fn destination_kind(
             }
             Ok(DestinationKind::Amqp(AmqpSettings {
                 url,
+                fallback,
                 exchange,
                 routing_key,
                 declare,
@@ -554,6 +558,40 @@ fn destination_kind(
             }))
         }
     }
+}
+
+/// An AMQP URL (or a reference to one) at `field`, checked: `amqp://`, parseable, not `amqps://`.
+/// Errors never show its password.
+fn amqp_url(
+    field: &str,
+    reference: &str,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Secret, ConfigError> {
+    let url = read_secret(field, reference, env, base_dir)?;
+    let text = url
+        .expose_text()
+        .ok_or_else(|| err(field.to_owned(), "is not UTF-8"))?;
+    // The scheme is case-insensitive; the rest of the URL (its password) is never shown.
+    if text
+        .get(..AMQPS.len())
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case(AMQPS))
+    {
+        return Err(err(field.to_owned(), AMQPS_UNSUPPORTED));
+    }
+    if !text.starts_with("amqp://") {
+        return Err(err(field.to_owned(), "must be an amqp:// URL"));
+    }
+    if !hooklatch_queue_rabbitmq::is_valid_url(text) {
+        return Err(err(
+            field.to_owned(),
+            format!(
+                "is not a valid AMQP URL: {}",
+                hooklatch_queue_rabbitmq::redact_url(text)
+            ),
+        ));
+    }
+    Ok(url)
 }
 
 /// Default signed-timestamp tolerance (Stripe's and Standard Webhooks' libraries use 300 s).
@@ -1732,6 +1770,68 @@ tolerance = "30s"
             "{msg}"
         );
         assert!(!msg.contains("pa55word"), "{msg}");
+    }
+
+    /// `amqp_fallback`: the cluster's other nodes, each checked as `amqp` is, named by its
+    /// place in the list when refused, never shown with its password; only on amqp destinations.
+    #[test]
+    fn amqp_fallback_nodes_are_checked_as_the_first_is() {
+        let amqp = |rest: &str| {
+            EXAMPLE.replace(
+                "url = \"http://app.internal:3000/webhooks/stripe\"",
+                &format!("amqp = \"env:MQ_URL\"\nexchange = \"x\"\nrouting_key = \"k\"\n{rest}"),
+            )
+        };
+        let e = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("MQ_URL", "amqp://guest:pa55word@10.0.0.1:5672/%2f"),
+            ("MQ_URL_2", "amqp://guest:pa55word@10.0.0.2:5672/%2f"),
+            ("MQ_URL_BAD", "amqps://guest:pa55word@10.0.0.3:5671/%2f"),
+        ]);
+        let s = load_str(
+            &amqp("amqp_fallback = [\"env:MQ_URL_2\", \"amqp://10.0.0.3:5672/%2f\"]"),
+            &e,
+        )
+        .unwrap();
+        let DestinationKind::Amqp(a) = &s.destinations[0].kind else {
+            panic!("an amqp destination")
+        };
+        let fallback: Vec<_> = a
+            .fallback
+            .iter()
+            .map(|u| u.expose_text().unwrap())
+            .collect();
+        assert_eq!(
+            fallback,
+            [
+                "amqp://guest:pa55word@10.0.0.2:5672/%2f",
+                "amqp://10.0.0.3:5672/%2f"
+            ]
+        );
+        assert!(!format!("{a:?}").contains("pa55word"), "{a:?}");
+
+        let msg = load_str(
+            &amqp("amqp_fallback = [\"env:MQ_URL_2\", \"env:MQ_URL_BAD\"]"),
+            &e,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(msg.contains("destinations[0].amqp_fallback[1]: "), "{msg}");
+        assert!(!msg.contains("pa55word"), "{msg}");
+        let msg = load_str(
+            &EXAMPLE.replace(
+                "/webhooks/stripe\"",
+                "/webhooks/stripe\"\namqp_fallback = [\"amqp://h/%2f\"]",
+            ),
+            &e,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.contains("destinations[0].amqp_fallback: applies only to amqp destinations"),
+            "{msg}"
+        );
     }
 
     #[test]

@@ -303,6 +303,11 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
                     a.exchange.clone(),
                     a.routing_key.clone(),
                 );
+                cfg.fallback_urls = a
+                    .fallback
+                    .iter()
+                    .map(|url| url.expose_text().unwrap_or_default().to_owned())
+                    .collect();
                 cfg.declare = a.declare;
                 cfg.queue = a.queue.clone();
                 cfg.quorum = a.quorum;

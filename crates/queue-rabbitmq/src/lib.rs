@@ -42,6 +42,9 @@ pub struct PublisherConfig {
     /// `amqp://user:password@host:port/vhost` (the vhost URL-encoded: `%2f` is `/`). Holds a
     /// password: log [`redact_url`] of it, never the URL itself.
     pub url: String,
+    /// Other nodes of the same cluster, as URLs like `url`: when the node in use cannot be
+    /// reached, a (re)connection tries each in turn, from the one after it.
+    pub fallback_urls: Vec<String>,
     /// The exchange; `""` is the default exchange, which routes by queue name.
     pub exchange: String,
     /// The routing key of every message.
@@ -69,6 +72,14 @@ impl std::fmt::Debug for PublisherConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PublisherConfig")
             .field("url", &redact_url(&self.url))
+            .field(
+                "fallback_urls",
+                &self
+                    .fallback_urls
+                    .iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .field("declare", &self.declare)
@@ -90,6 +101,7 @@ impl PublisherConfig {
     ) -> Self {
         PublisherConfig {
             url: url.into(),
+            fallback_urls: Vec::new(),
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             declare: false,
@@ -173,6 +185,9 @@ struct State {
 pub struct Publisher {
     config: PublisherConfig,
     state: Mutex<State>,
+    /// Which URL the next connection tries first: the last one that connected (`url` is 0,
+    /// `fallback_urls[i]` is `i + 1`).
+    node: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -189,6 +204,7 @@ impl Publisher {
         Publisher {
             config,
             state: Mutex::new(State::default()),
+            node: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -293,16 +309,40 @@ impl Publisher {
         }
     }
 
-    /// Opens a connection and a confirm-mode channel, and makes the declarations.
+    /// Opens a connection and a confirm-mode channel, and makes the declarations: on the node
+    /// that connected last, else on each of the others in turn.
     async fn connect(&self) -> Result<Link, PublishError> {
+        use std::sync::atomic::Ordering;
+        let c = &self.config;
+        let urls: Vec<&str> = std::iter::once(c.url.as_str())
+            .chain(c.fallback_urls.iter().map(String::as_str))
+            .collect();
+        let first = self.node.load(Ordering::Relaxed) % urls.len();
+        let mut failed = None;
+        for i in 0..urls.len() {
+            let node = (first + i) % urls.len();
+            match self.connect_to(urls[node]).await {
+                Ok(link) => {
+                    if node != first {
+                        tracing::info!(url = %redact_url(urls[node]), "connected to another RabbitMQ node");
+                    }
+                    self.node.store(node, Ordering::Relaxed);
+                    return Ok(link);
+                }
+                Err(err) => failed = Some(err),
+            }
+        }
+        Err(failed.expect("at least one URL"))
+    }
+
+    /// [`Publisher::connect`] to one node.
+    async fn connect_to(&self, url: &str) -> Result<Link, PublishError> {
         let c = &self.config;
         let connect_err = |e: lapin::Error| PublishError::Connect(e.to_string());
         let props = ConnectionProperties::default().with_connection_name(LongString::from(
             format!("hooklatch-{}", std::process::id()),
         ));
-        let connection = Connection::connect(&c.url, props)
-            .await
-            .map_err(connect_err)?;
+        let connection = Connection::connect(url, props).await.map_err(connect_err)?;
         let setup = async {
             let channel = connection.create_channel().await?;
             channel
@@ -357,7 +397,7 @@ impl Publisher {
         };
         match setup.await {
             Ok(channel) => {
-                tracing::debug!(url = %redact_url(&c.url), exchange = %c.exchange, "connected to RabbitMQ");
+                tracing::debug!(url = %redact_url(url), exchange = %c.exchange, "connected to RabbitMQ");
                 Ok(Link {
                     connection,
                     channel,

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher, PublisherConfig};
-use hooklatch_testkit::amqp::{broker_url, header, TestBroker};
+use hooklatch_testkit::amqp::{broker_url, header, message_id, TestBroker};
 
 /// Names unique to this process and call.
 fn unique(prefix: &str) -> String {
@@ -164,5 +164,47 @@ async fn an_unreachable_broker_is_a_connect_error_without_the_password() {
         matches!(err, PublishError::Connect(_) | PublishError::Timeout(_)),
         "{err:?}"
     );
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+/// A cluster's other nodes (`fallback_urls`): when the first URL cannot be reached, the
+/// publisher connects to the next that answers and publishes there; with none answering the
+/// error names no password.
+#[tokio::test]
+async fn an_unreachable_node_is_passed_over_for_the_next_that_answers() {
+    let Some(url) = broker_url() else { return };
+    let mut admin = TestBroker::connect(&url).await;
+    let (exchange, queue) = (unique("x"), unique("q"));
+    admin.owns(&exchange, &queue);
+    // Nothing listens on port 1.
+    let mut cfg = config(
+        "amqp://guest:hunter2@127.0.0.1:1/%2f",
+        &exchange,
+        Some(&queue),
+    );
+    cfg.fallback_urls = vec![
+        "amqp://guest:hunter2@127.0.0.1:2/%2f".to_owned(),
+        url.clone(),
+    ];
+    let publisher = Publisher::new(cfg);
+    for key in ["stripe:evt_a", "stripe:evt_b"] {
+        publisher
+            .publish(&message(key, b"{}"))
+            .await
+            .expect("published through the node that answers");
+    }
+    for key in ["stripe:evt_a", "stripe:evt_b"] {
+        let msg = admin.get(&queue).await;
+        assert_eq!(message_id(&msg), Some(key.to_owned()));
+    }
+    admin.clean_up().await;
+
+    let mut cfg = PublisherConfig::new("amqp://guest:hunter2@127.0.0.1:1/%2f", "x", "k");
+    cfg.fallback_urls = vec!["amqp://guest:hunter2@127.0.0.1:2/%2f".to_owned()];
+    cfg.timeout = Duration::from_secs(5);
+    let err = Publisher::new(cfg)
+        .publish(&message("k", b"{}"))
+        .await
+        .expect_err("no node answers");
     assert!(!err.to_string().contains("hunter2"), "{err}");
 }

@@ -195,6 +195,15 @@ impl TestBroker {
     }
 }
 
+/// A message's `message_id` property (the gateway's `Idempotency-Key`), `None` without one.
+pub fn message_id(msg: &BasicGetMessage) -> Option<String> {
+    msg.delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.to_string())
+}
+
 /// A message's header `name`, as text (long strings and integers); fails the test otherwise.
 pub fn header(msg: &BasicGetMessage, name: &str) -> String {
     let headers = msg
