@@ -266,3 +266,128 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
         .figure("naive_double_effects", naive_effects - keyed_effects)
         .figure("extra_deliveries_per_crash", 1);
 }
+
+/// T4 with several kills in one run: 1,000 events from 16 senders that retry as a provider
+/// does (an answer the kill cut off, or a refused connection while the gateway is down, is
+/// sent again 20 ms later), and the gateway killed -9 and restarted on the same file three
+/// times (`HOOKLATCH_SCALE` times more in the soak tier), at points of the acknowledgement count
+/// drawn from the card's seed. Every event ends acknowledged — `accepted`, or `duplicate` when
+/// a kill cut the answer to a committed request — and forwarded, with one outbox row each:
+/// lost = 0; repeated deliveries are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_survives_three_kills_in_one_burst() {
+    let mut card = crate::report::Card::new("T4", "sqlite");
+    let seed = card.seed();
+    let events = crate::report::scaled(EVENTS);
+    let kills = crate::report::scaled(3);
+    // Kill `i` comes after about (i + 1) / (kills + 1) of the events are acknowledged, a little
+    // earlier by a draw from the seed.
+    let segment = events / (kills + 1);
+    let kill_points: Vec<usize> = (0..kills)
+        .map(|i| {
+            (i + 1) * segment - crate::report::draw(seed, i as u64, segment as u64 / 2) as usize
+        })
+        .collect();
+    card.fault("kill9", kills);
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start_with(
+        &handler,
+        Options {
+            timeout: "60s",
+            ..Options::default()
+        },
+    )
+    .await;
+    let run = unique("evt_kills");
+    let ids: Arc<Vec<String>> = Arc::new((0..events).map(|i| format!("{run}_{i:05}")).collect());
+    let next = Arc::new(AtomicUsize::new(0));
+    let n_acked = Arc::new(AtomicUsize::new(0));
+    let recovered = Arc::new(AtomicUsize::new(0));
+    let mut senders = JoinSet::new();
+    for _ in 0..SENDERS {
+        let (ingest, ids, next, n_acked, recovered) = (
+            gw.ingest(),
+            ids.clone(),
+            next.clone(),
+            n_acked.clone(),
+            recovered.clone(),
+        );
+        senders.spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(id) = ids.get(i) else { return };
+                let body = stripe_invoice_paid(id, 1000 + i as u64);
+                let started = Instant::now();
+                loop {
+                    let headers = stripe_headers(&body);
+                    match ingest.try_post("stripe", &headers, body.clone()).await {
+                        Ok((200, json)) => {
+                            match json["status"].as_str() {
+                                Some("accepted") => {}
+                                Some("duplicate") => {
+                                    recovered.fetch_add(1, Ordering::SeqCst);
+                                }
+                                other => panic!("{id} answered {other:?}: {json}"),
+                            }
+                            n_acked.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        // The gateway is down or dying: the provider tries again.
+                        Ok((status, json)) => assert_eq!(status, 503, "{id}: {json}"),
+                        Err(_) => {}
+                    }
+                    assert!(started.elapsed() < AFTER_RESTART, "{id} never acknowledged");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        });
+    }
+    for point in &kill_points {
+        crate::support::wait_until_within(
+            "the acknowledgements before the next kill",
+            AFTER_RESTART,
+            || n_acked.load(Ordering::SeqCst) >= *point,
+        )
+        .await;
+        gw.kill9();
+        gw.restart().await;
+    }
+    senders.join_all().await;
+    assert_eq!(
+        n_acked.load(Ordering::SeqCst),
+        events,
+        "every event acknowledged"
+    );
+
+    let all_keys: HashSet<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    eventually_within(
+        "every event is forwarded and its outbox row delivered",
+        AFTER_RESTART,
+        async || {
+            handler.distinct_keys() == all_keys && gw.deliveries("state=pending").await.is_empty()
+        },
+    )
+    .await;
+    let rows = gw.deliveries("").await;
+    assert_eq!(rows.len(), events, "exactly one outbox row per event");
+    let received = handler.received();
+    let duplicates = received.len() - all_keys.len();
+    // A kill repeats only the attempts it cut: at most two leases per delivery task (16).
+    assert!(
+        duplicates <= kills * 2 * 16,
+        "{duplicates} repeated deliveries for {kills} kills"
+    );
+    let recovered = recovered.load(Ordering::SeqCst);
+    card.count("ops", events)
+        .count("acked", events)
+        .count("lost", 0)
+        .count("recovered", recovered)
+        .count("duplicates", duplicates)
+        .figure("kill_points", kill_points.clone())
+        .figure("forwards", received.len());
+    println!(
+        "{kills} kills in one burst of {events} events (after {kill_points:?} acknowledgements): \
+         0 lost; {recovered} answers cut by a kill after the commit (re-sent, duplicate); \
+         {duplicates} repeated deliveries"
+    );
+}
