@@ -145,33 +145,7 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
         }
     }
 
-    let all_keys: HashSet<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
-    eventually_within(
-        "every event is forwarded and its outbox row delivered",
-        AFTER_RESTART,
-        async || {
-            handler.distinct_keys() == all_keys && gw.deliveries("state=pending").await.is_empty()
-        },
-    )
-    .await;
-    let rows = gw.deliveries("").await;
-    assert_eq!(rows.len(), events, "exactly one outbox row per event");
-    assert!(
-        rows.iter().all(|r| r["state"] == "delivered"),
-        "{:#?}",
-        rows.iter()
-            .filter(|r| r["state"] != "delivered")
-            .collect::<Vec<_>>()
-    );
-
-    // Every forward carries the key of the event it carries.
-    let received = handler.received();
-    for r in &received {
-        let body: serde_json::Value = serde_json::from_slice(&r.body).expect("a JSON body");
-        let id = body["id"].as_str().expect("an event id");
-        assert_eq!(r.key.as_deref(), Some(format!("stripe:{id}").as_str()));
-    }
-    let duplicates = received.len() - all_keys.len();
+    let (received, duplicates) = forwarded_once_each(&gw, &handler, &ids).await;
     card.count("ops", events)
         .count("acked", n_acked)
         .count("lost", 0)
@@ -189,6 +163,42 @@ async fn every_event_acknowledged_before_a_kill_9_is_forwarded_after_restart() {
          duplicate); {} forwards in all, {duplicates} of them repeated deliveries",
         received.len()
     );
+}
+
+/// Waits (within [`AFTER_RESTART`]) until every event of `ids` reached `handler` and no outbox
+/// row is pending; checks one delivered outbox row per event and that every forward carries
+/// the key of the event in its body. Returns every forward and how many were repeats.
+async fn forwarded_once_each(
+    gw: &Gateway,
+    handler: &Handler,
+    ids: &[String],
+) -> (Vec<crate::support::Received>, usize) {
+    let all_keys: HashSet<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    eventually_within(
+        "every event is forwarded and its outbox row delivered",
+        AFTER_RESTART,
+        async || {
+            handler.distinct_keys() == all_keys && gw.deliveries("state=pending").await.is_empty()
+        },
+    )
+    .await;
+    let rows = gw.deliveries("").await;
+    assert_eq!(rows.len(), ids.len(), "exactly one outbox row per event");
+    assert!(
+        rows.iter().all(|r| r["state"] == "delivered"),
+        "{:#?}",
+        rows.iter()
+            .filter(|r| r["state"] != "delivered")
+            .collect::<Vec<_>>()
+    );
+    let received = handler.received();
+    for r in &received {
+        let body: serde_json::Value = serde_json::from_slice(&r.body).expect("a JSON body");
+        let id = body["id"].as_str().expect("an event id");
+        assert_eq!(r.key.as_deref(), Some(format!("stripe:{id}").as_str()));
+    }
+    let duplicates = received.len() - all_keys.len();
+    (received, duplicates)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,19 +369,7 @@ async fn every_event_survives_three_kills_in_one_burst() {
         "every event acknowledged"
     );
 
-    let all_keys: HashSet<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
-    eventually_within(
-        "every event is forwarded and its outbox row delivered",
-        AFTER_RESTART,
-        async || {
-            handler.distinct_keys() == all_keys && gw.deliveries("state=pending").await.is_empty()
-        },
-    )
-    .await;
-    let rows = gw.deliveries("").await;
-    assert_eq!(rows.len(), events, "exactly one outbox row per event");
-    let received = handler.received();
-    let duplicates = received.len() - all_keys.len();
+    let (received, duplicates) = forwarded_once_each(&gw, &handler, &ids).await;
     // A kill repeats only the attempts it cut: at most two leases per delivery task (16).
     assert!(
         duplicates <= kills * 2 * 16,
