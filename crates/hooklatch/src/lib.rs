@@ -55,6 +55,30 @@ pub use config::Settings;
 pub use hooklatch_core as core;
 pub use hooklatch_http as http;
 
+/// The ingest router's state for `settings`' sources and limits, over `store` (and `keys` in
+/// Redis mode); `handoff` gives new deliveries to this instance's worker.
+pub fn ingest_state(
+    settings: &Settings,
+    store: Arc<dyn Store>,
+    enqueued: Arc<Notify>,
+    keys: Option<hooklatch_http::ExternalKeys>,
+    handoff: Option<Arc<hooklatch_http::Handoff>>,
+) -> IngestState {
+    IngestState {
+        store,
+        sources: settings
+            .sources
+            .iter()
+            .map(|s| (s.name.to_string(), s.clone()))
+            .collect(),
+        body_limit: settings.body_limit,
+        body_timeout: settings.body_timeout,
+        enqueued,
+        keys,
+        handoff,
+    }
+}
+
 /// `n` and the noun for it, in the singular or the plural: "1 request", "3 requests".
 pub fn counted(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -251,19 +275,13 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             },
         );
     }
-    let ingest = hooklatch_http::ingest_router(Arc::new(IngestState {
-        store: store.clone(),
-        sources: settings
-            .sources
-            .iter()
-            .map(|s| (s.name.to_string(), s.clone()))
-            .collect(),
-        body_limit: settings.body_limit,
-        body_timeout: settings.body_timeout,
-        enqueued: enqueued.clone(),
-        keys: keys.clone(),
-        handoff: (settings.delivery.enabled && settings.delivery.handoff).then(|| handoff.clone()),
-    }))
+    let ingest = hooklatch_http::ingest_router(Arc::new(ingest_state(
+        &settings,
+        store.clone(),
+        enqueued.clone(),
+        keys.clone(),
+        (settings.delivery.enabled && settings.delivery.handoff).then(|| handoff.clone()),
+    )))
     .merge(listen::router(listen.clone()));
     let render = metrics.clone();
     let admin = hooklatch_http::admin_router(Arc::new(AdminState {

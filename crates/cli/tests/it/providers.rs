@@ -485,7 +485,7 @@ async fn send_shows_the_verdict_of_an_answer_in_twiml() {
 /// `ingest` (in Redis mode, one claim and one `complete`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forgery_reads_and_writes_no_key_and_no_outbox_row() {
-    use hooklatch::http::{ExternalKeys, IngestState};
+    use hooklatch::http::ExternalKeys;
     use hooklatch_testkit::{Counting, MemoryKeys, MemoryStore};
     use tower::ServiceExt;
 
@@ -507,22 +507,16 @@ async fn a_forgery_reads_and_writes_no_key_and_no_outbox_row() {
     for redis_mode in [false, true] {
         let store = std::sync::Arc::new(Counting::new(MemoryStore::default()));
         let keys = std::sync::Arc::new(Counting::new(MemoryKeys::default()));
-        let router = hooklatch::http::ingest_router(std::sync::Arc::new(IngestState {
-            store: store.clone(),
-            sources: settings
-                .sources
-                .iter()
-                .map(|s| (s.name.to_string(), s.clone()))
-                .collect(),
-            body_limit: settings.body_limit,
-            body_timeout: settings.body_timeout,
-            enqueued: Default::default(),
-            keys: redis_mode.then(|| ExternalKeys {
+        let router = hooklatch::http::ingest_router(std::sync::Arc::new(hooklatch::ingest_state(
+            &settings,
+            store.clone(),
+            Default::default(),
+            redis_mode.then(|| ExternalKeys {
                 store: keys.clone(),
                 lease: std::time::Duration::from_secs(30),
             }),
-            handoff: None,
-        }));
+            None,
+        )));
         let post = |source: &str, headers: &[(String, String)], body: Vec<u8>| {
             let mut request = http::Request::post(format!("/in/{source}")).header("host", HOST);
             for (name, value) in headers {
