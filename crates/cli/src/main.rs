@@ -290,8 +290,14 @@ Examples:
   # Then, anywhere:
   hooklatch replay stripe.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe
 
-The file holds the provider's signature headers as received (the provider's signature of that
-body, not a secret); Authorization and Cookie headers are left out.")]
+  # With the provider's signature headers, to send a capture exactly as received (--original):
+  hooklatch events export req_41 --keep-signatures --out captured.json
+
+Authorization, Proxy-Authorization and Cookie headers are always left out. So are the
+providers' signature headers unless --keep-signatures: where a provider signs no timestamp
+(GitHub, Shopify, Twilio, ...) a signature never expires, and a file passed around could be
+re-sent as new once its key has expired. Give --config so a generic source's own signature
+header is known too; replay re-signs with the source's secret.")]
     Export(ExportArgs),
     /// Import an export file's captures into a gateway's history (verdict "imported"), to
     /// replay or redeliver them there, e.g. production events on a laptop.
@@ -632,6 +638,10 @@ struct ExportArgs {
     /// Write here instead of standard output.
     #[arg(short, long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Keep the providers' signature headers (left out by default: where a provider signs no
+    /// timestamp, a signature never expires; `replay --resign` signs captures afresh).
+    #[arg(long)]
+    keep_signatures: bool,
     #[command(flatten)]
     admin: AdminArgs,
 }
@@ -1460,7 +1470,8 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
     if let Some(s) = &settings {
         hooklatch::capture::fill_providers(&mut captures, s);
     }
-    let doc = hooklatch::capture::write_export(&captures, now);
+    let options = hooklatch::capture::ExportOptions::new(args.keep_signatures, settings.as_ref());
+    let doc = hooklatch::capture::write_export(&captures, now, &options);
     match &args.out {
         Some(path) => {
             std::fs::write(path, &doc).with_context(|| format!("writing {}", path.display()))?

@@ -168,21 +168,36 @@ async fn an_old_capture_replays_with_resign_and_is_refused_with_original() {
 async fn export_then_replay_round_trips_byte_exact_without_secrets() {
     let (gateway, body, answer) = gateway_with_one_event(None).await;
     let request_id = answer["request_id"].as_str().unwrap().to_owned();
+    let export = |file: std::path::PathBuf, keep_signatures: bool| {
+        let mut args = vec![
+            "events".to_owned(),
+            "export".to_owned(),
+            request_id.clone(),
+            "--admin".to_owned(),
+            gateway.admin.clone(),
+            "--config".to_owned(),
+            gateway.config().to_str().unwrap().to_owned(),
+            "--out".to_owned(),
+            file.to_str().unwrap().to_owned(),
+        ];
+        if keep_signatures {
+            args.push("--keep-signatures".to_owned());
+        }
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = hooklatch(&args).await;
+            assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+            std::fs::read_to_string(&file).unwrap()
+        }
+    };
+    // By default the provider's signature is left out as well.
+    let unsigned = export(gateway.dir().join("unsigned.json"), false).await;
+    assert!(
+        !unsigned.to_ascii_lowercase().contains("stripe-signature"),
+        "{unsigned}"
+    );
     let file = gateway.dir().join("export.json");
-    let out = hooklatch(&[
-        "events",
-        "export",
-        &request_id,
-        "--admin",
-        &gateway.admin,
-        "--config",
-        gateway.config().to_str().unwrap(),
-        "--out",
-        file.to_str().unwrap(),
-    ])
-    .await;
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    let text = std::fs::read_to_string(&file).unwrap();
+    let text = export(file.clone(), true).await;
     let doc: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(doc["hooklatch_export"], 1);
     let capture = &doc["captures"][0];
@@ -198,13 +213,14 @@ async fn export_then_replay_round_trips_byte_exact_without_secrets() {
     // Neither the source's secret, the admin token nor the endpoint's credentials.
     for secret in [STRIPE_SECRET, ADMIN_TOKEN, "dXNlcjpzM2NyZXQ="] {
         assert!(!text.contains(secret), "{secret} exported:\n{text}");
+        assert!(!unsigned.contains(secret), "{secret} exported:\n{unsigned}");
     }
     let captured_signature = capture["headers"]
         .as_array()
         .unwrap()
         .iter()
         .find(|h| h["name"] == "stripe-signature")
-        .expect("the provider's signature is part of the capture")["value"]
+        .expect("--keep-signatures keeps the provider's signature")["value"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -215,23 +231,49 @@ async fn export_then_replay_round_trips_byte_exact_without_secrets() {
     std::fs::copy(&file, &copy).unwrap();
     drop(gateway);
     let handler = Recorder::start().await;
-    let file = copy.to_str().unwrap();
-    let out = hooklatch(&[
-        "replay",
-        file,
-        "--to",
-        &handler.url,
-        "--provider",
-        "stripe",
-        "--secret",
-        STRIPE_SECRET,
-    ])
-    .await;
-    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
-    let out = hooklatch(&["replay", file, "--to", &handler.url, "--original"]).await;
+    // Each file replayed twice: re-signed with the secret (which must pass), then as captured.
+    let replay_twice = |file: std::path::PathBuf| {
+        let url = handler.url.clone();
+        async move {
+            let file = file.to_str().unwrap();
+            let resigned = hooklatch(&[
+                "replay",
+                file,
+                "--to",
+                &url,
+                "--provider",
+                "stripe",
+                "--secret",
+                STRIPE_SECRET,
+            ])
+            .await;
+            assert_eq!(resigned.status.code(), Some(0), "{}", show(&resigned));
+            hooklatch(&["replay", file, "--to", &url, "--original"]).await
+        }
+    };
+    let out = replay_twice(copy).await;
     assert_eq!(out.status.code(), Some(0), "{}", show(&out));
     let received = handler.received();
     assert_eq!(received.len(), 2);
+
+    // The unsigned export is re-signed as well; sent as captured, replay says what is missing.
+    let unsigned_copy = laptop.path().join("unsigned.json");
+    std::fs::write(&unsigned_copy, &unsigned).unwrap();
+    let out = replay_twice(unsigned_copy).await;
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("holds no signature header"),
+        "{}",
+        show(&out)
+    );
+    let unsigned_received = handler.received();
+    assert_eq!(unsigned_received.len(), 4);
+    assert!(unsigned_received[2].signature_valid);
+    assert!(!unsigned_received[3].signature_valid);
+    assert!(unsigned_received[3]
+        .headers
+        .get("stripe-signature")
+        .is_none());
+
     for r in &received {
         assert_eq!(r.body, body, "the handler saw different bytes");
         assert!(r.signature_valid, "the handler saw an invalid signature");

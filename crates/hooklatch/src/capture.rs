@@ -21,10 +21,13 @@
 //!
 //! No secret is ever written: hooklatch never stores signing secrets with a request, and the
 //! headers that carry credentials for the gateway's own endpoint ([`REDACTED_HEADERS`]) are
-//! left out. The provider's signature headers (`Stripe-Signature`, …) are part of a capture by
-//! nature: they are the provider's signature of that body, not a secret — anyone holding the
-//! capture can replay it within the provider's tolerance, and no one can sign a different body
-//! with them.
+//! left out. So are the provider's signature headers (`Stripe-Signature`, …), unless
+//! [`ExportOptions::keep_signatures`]: a signature is no secret (it signs that one body and
+//! nothing else), but where the provider signs no timestamp (GitHub, Shopify, Twilio, …) it
+//! never expires, and a file passed around could be re-sent to a gateway once its key has
+//! expired, or to a handler that keeps no keys, and be taken as new. A capture without its
+//! signature is replayed by re-signing it with the source's secret (`hooklatch replay
+//! --resign`), which a laptop has for its own gateway anyway.
 
 use std::path::Path;
 
@@ -182,9 +185,63 @@ pub fn read_export(bytes: &[u8]) -> Result<Vec<Capture>, CaptureError> {
         .collect()
 }
 
-/// Writes captures as an export document (pretty JSON, newline-terminated), leaving out
-/// [`REDACTED_HEADERS`].
-pub fn write_export(captures: &[Capture], exported_at: Timestamp) -> Vec<u8> {
+/// What an export leaves out besides [`REDACTED_HEADERS`], always left out.
+#[derive(Debug, Clone, Default)]
+pub struct ExportOptions {
+    /// Keep the providers' signature headers (`hooklatch events export --keep-signatures`);
+    /// left out by default.
+    pub keep_signatures: bool,
+    /// Signature headers known from the gateway's configuration (every source's adapter's, a
+    /// generic source's own name among them), besides the names [`is_signature_header`]
+    /// recognises alone.
+    pub signature_headers: Vec<String>,
+}
+
+impl ExportOptions {
+    /// The options for an export, with the signature headers of every source in `settings`.
+    pub fn new(keep_signatures: bool, settings: Option<&crate::config::Settings>) -> Self {
+        let signature_headers = settings
+            .map(|s| {
+                s.sources
+                    .iter()
+                    .flat_map(|source| source.adapter.signature_headers())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        ExportOptions {
+            keep_signatures,
+            signature_headers,
+        }
+    }
+
+    /// Whether header `name` is left out of the export.
+    pub fn leaves_out(&self, name: &str) -> bool {
+        is_redacted(name)
+            || (!self.keep_signatures
+                && (is_signature_header(name)
+                    || self
+                        .signature_headers
+                        .iter()
+                        .any(|h| h.eq_ignore_ascii_case(name))))
+    }
+}
+
+/// Whether a header's name alone says it carries a signature: it holds `signature` or `hmac`
+/// (every built-in provider's signature header does; a generic source's may not, which is
+/// why [`ExportOptions`] also takes the configured names).
+pub fn is_signature_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.contains("signature") || name.contains("hmac")
+}
+
+/// Writes captures as an export document (pretty JSON, newline-terminated), leaving out what
+/// `options` says.
+pub fn write_export(
+    captures: &[Capture],
+    exported_at: Timestamp,
+    options: &ExportOptions,
+) -> Vec<u8> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let doc = ExportDoc {
         hooklatch_export: EXPORT_VERSION,
@@ -202,7 +259,7 @@ pub fn write_export(captures: &[Capture], exported_at: Timestamp) -> Vec<u8> {
                 headers: c
                     .headers
                     .iter()
-                    .filter(|(name, _)| !is_redacted(name))
+                    .filter(|(name, _)| !options.leaves_out(name))
                     .map(|(name, value)| match std::str::from_utf8(value) {
                         Ok(text) => WireHeader {
                             name: name.clone(),
@@ -337,6 +394,7 @@ mod tests {
             headers: vec![
                 ("content-type".to_owned(), b"application/json".to_vec()),
                 ("stripe-signature".to_owned(), b"t=1,v1=ab".to_vec()),
+                ("x-auth-mac".to_owned(), b"generic-mac".to_vec()),
                 ("x-latin1".to_owned(), vec![b'a', 0xe9]),
                 ("authorization".to_owned(), b"Basic dXNlcjpwYXNz".to_vec()),
             ],
@@ -345,19 +403,66 @@ mod tests {
     }
 
     #[test]
-    fn an_export_round_trips_byte_exact_without_credentials() {
+    fn an_export_round_trips_byte_exact_without_credentials_or_signatures() {
         let original = capture();
-        let bytes = write_export(std::slice::from_ref(&original), Timestamp(0));
+        // As exported with the gateway's config, which names a generic source's header.
+        let options = ExportOptions {
+            keep_signatures: false,
+            signature_headers: vec!["X-Auth-Mac".to_owned()],
+        };
+        let bytes = write_export(std::slice::from_ref(&original), Timestamp(0), &options);
         let text = String::from_utf8(bytes.clone()).unwrap();
         assert!(text.contains("\"hooklatch_export\": 1"), "{text}");
-        assert!(
-            !text.contains("dXNlcjpwYXNz"),
-            "credentials exported: {text}"
-        );
+        for left_out in ["dXNlcjpwYXNz", "stripe-signature", "x-auth-mac"] {
+            assert!(!text.contains(left_out), "{left_out} exported: {text}");
+        }
         let back = read_export(&bytes).unwrap();
+        let mut expected = original.clone();
+        expected.headers.retain(|(n, _)| {
+            !["authorization", "stripe-signature", "x-auth-mac"].contains(&n.as_str())
+        });
+        assert_eq!(back, vec![expected]);
+
+        // Kept on request; credentials never.
+        let keep = ExportOptions {
+            keep_signatures: true,
+            ..options
+        };
+        let back = read_export(&write_export(
+            std::slice::from_ref(&original),
+            Timestamp(0),
+            &keep,
+        ))
+        .unwrap();
         let mut expected = original;
         expected.headers.retain(|(n, _)| n != "authorization");
         assert_eq!(back, vec![expected]);
+    }
+
+    #[test]
+    fn signature_headers_are_known_by_name_or_from_the_configuration() {
+        for name in [
+            "Stripe-Signature",
+            "X-HUB-SIGNATURE-256",
+            "X-Shopify-Hmac-Sha256",
+        ] {
+            assert!(is_signature_header(name), "{name}");
+        }
+        for name in [
+            "content-type",
+            "X-GitHub-Delivery",
+            "webhook-id",
+            "x-auth-mac",
+        ] {
+            assert!(!is_signature_header(name), "{name}");
+        }
+        let configured = ExportOptions {
+            keep_signatures: false,
+            signature_headers: vec!["X-Auth-Mac".to_owned()],
+        };
+        assert!(configured.leaves_out("x-auth-mac"));
+        assert!(configured.leaves_out("Cookie"));
+        assert!(!configured.leaves_out("x-github-delivery"));
     }
 
     #[test]

@@ -281,6 +281,7 @@ fn fresh_id(provider: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use hooklatch_core::provider::Rejection;
     use hooklatch_core::InboundRequest;
     use http::HeaderMap;
 
@@ -323,6 +324,28 @@ mod tests {
                 )
                 .unwrap_or_else(|e| panic!("{provider}/{name}: {e:?}"));
             assert_eq!(adapter.handshake(&req), None, "{provider}/{name}");
+            // An export leaves the signature out: what the adapter names is all it reads one
+            // from, and every name is one an export recognises without the config.
+            let mut unsigned = headers.clone();
+            for header in adapter.signature_headers() {
+                assert!(
+                    crate::capture::is_signature_header(header),
+                    "{provider}: {header}"
+                );
+                unsigned.remove(header);
+            }
+            let refused = adapter.verify(
+                &InboundRequest {
+                    headers: &unsigned,
+                    ..req
+                },
+                std::slice::from_ref(&secret),
+                std::time::Duration::from_secs(300),
+            );
+            assert!(
+                matches!(refused, Err(Rejection::MissingSignature { .. })),
+                "{provider}/{name}: {refused:?}"
+            );
             let extracted = adapter
                 .extract(&req)
                 .unwrap_or_else(|e| panic!("{provider}/{name}: {e:?}"));

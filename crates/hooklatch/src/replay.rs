@@ -309,9 +309,9 @@ pub fn choose_signing(
     match (mode, signer) {
         (SignMode::Original, _) | (SignMode::Auto, None) => {
             let mut note = match mode {
-                SignMode::Original => format!("{label}: sending the captured signature (--original)"),
+                SignMode::Original => format!("{label}: sending the captured headers (--original)"),
                 _ => format!(
-                    "{label}: no signing secret (--config, or --provider and --secret): sending the captured signature"
+                    "{label}: no signing secret (--config, or --provider and --secret): sending the captured headers"
                 ),
             };
             let age = now.since(Timestamp(capture.received_at_ms));
@@ -319,7 +319,15 @@ pub fn choose_signing(
                 .provider
                 .as_deref()
                 .is_some_and(|p| TIMESTAMP_SIGNERS.contains(&p));
-            if signs_time && age > Duration::from_secs(300) {
+            if !capture
+                .headers
+                .iter()
+                .any(|(name, _)| crate::capture::is_signature_header(name))
+            {
+                note.push_str(
+                    "; it holds no signature header (an export leaves them out unless --keep-signatures), so a receiver that checks one refuses it",
+                );
+            } else if signs_time && age > Duration::from_secs(300) {
                 let _ = write!(
                     note,
                     "; it is {} min old, and {} refuses a signed timestamp older than its tolerance (300 s by default)",

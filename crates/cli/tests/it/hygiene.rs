@@ -1,8 +1,9 @@
 //! Secrets stay secret and input is bounded.
 //!
-//! - With debug logging on, a gateway that has seen genuine, forged and unauthenticated traffic
-//!   has written no signing secret, admin token, destination secret, provider signature or body
-//!   to its log, its `/metrics` or its admin error bodies.
+//! - With debug logging on, human or JSON, a gateway that has seen genuine, forged and
+//!   unauthenticated traffic has written no signing secret, admin token, destination secret,
+//!   provider signature or body to its log, its `/metrics` or its admin error bodies, and its
+//!   history export holds no secret or signature (bodies it holds by design).
 //! - A client that sends its headers too slowly is disconnected; one that sends its body too
 //!   slowly gets 408; neither claims anything. 200 such clients at once are all disconnected,
 //!   cost the gateway little memory, and do not keep a genuine event out.
@@ -12,7 +13,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::support::{
-    header, stripe_headers, unique, Behaviour, Gateway, Handler, Options, ADMIN_TOKEN,
+    header, hooklatch, stripe_headers, unique, Behaviour, Gateway, Handler, Options, ADMIN_TOKEN,
     STRIPE_SECRET,
 };
 
@@ -20,13 +21,26 @@ const DESTINATION_SECRET: &str = "whsec_ZGVzdGluYXRpb24tY2FuYXJ5LXNlY3JldA==";
 const BODY_CANARY: &str = "body-canary-5b1e0c";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_secret_signature_or_body_reaches_logs_metrics_or_errors() {
+async fn no_secret_signature_or_body_reaches_logs_metrics_errors_or_exports() {
+    leaks_nothing("human").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_signature_or_body_reaches_json_logs_metrics_errors_or_exports() {
+    leaks_nothing("json").await;
+}
+
+/// Genuine, forged, duplicate and unauthenticated traffic and a retried delivery, then every
+/// surface read for the canaries: the log (in `log_format`, at debug level), `/metrics`, an
+/// admin error body, and a history export (which holds bodies by design, but no signature).
+async fn leaks_nothing(log_format: &'static str) {
     let handler = Handler::start(Behaviour::FailFirst(1)).await;
     let gateway = Gateway::start_with(
         &handler,
         Options {
             log_level: "debug",
             destination_secret: Some(DESTINATION_SECRET),
+            log_format,
             ..Options::default()
         },
     )
@@ -68,14 +82,32 @@ async fn no_secret_signature_or_body_reaches_logs_metrics_or_errors() {
 
     let log = gateway.log();
     assert!(log.contains("DEBUG"), "the log runs at debug level");
+    if log_format == "json" {
+        let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(
+            lines
+                .iter()
+                .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+            "every log line is JSON"
+        );
+    }
     let metrics = gateway.metrics().await;
+    let export = hooklatch(
+        &["events", "export", "--limit", "1000"],
+        &gateway.admin_url(),
+    );
+    assert!(export.contains(&id), "the export holds the event's request");
     let surfaces = [
-        ("log", log),
-        ("metrics", metrics),
-        ("admin error", unauthorized.to_string()),
+        ("log", log, true),
+        ("metrics", metrics, true),
+        ("admin error", unauthorized.to_string(), true),
+        ("history export", export, false),
     ];
-    for (surface, text) in &surfaces {
+    for (surface, text, holds_no_body) in &surfaces {
         for canary in &leaked_candidates {
+            if !holds_no_body && canary == BODY_CANARY {
+                continue;
+            }
             assert!(
                 !text.contains(canary.as_str()),
                 "{surface} contains a secret, signature or body ({canary:.8}…)"

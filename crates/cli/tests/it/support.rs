@@ -410,6 +410,8 @@ pub struct Options {
     pub destination_secret: Option<&'static str>,
     /// `delivery.enabled`: false makes an ingest-only instance.
     pub deliver: bool,
+    /// `server.log_format`: `human` or `json`.
+    pub log_format: &'static str,
 }
 
 impl Default for Options {
@@ -430,6 +432,7 @@ impl Default for Options {
             log_level: "warn",
             destination_secret: None,
             deliver: true,
+            log_format: "human",
         }
     }
 }
@@ -744,6 +747,7 @@ admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
 header_timeout = "{header_timeout}"
 body_timeout = "{body_timeout}"
 shutdown_grace = "5s"
+log_format = "{log_format}"
 {body_limit}
 [store]
 url = "{store_url}"
@@ -781,6 +785,7 @@ jitter = {jitter:?}
             deliver = o.deliver,
             header_timeout = o.header_timeout,
             body_timeout = o.body_timeout,
+            log_format = o.log_format,
             destination_secret = o
                 .destination_secret
                 .map(|s| format!("secret = \"{s}\""))
@@ -1526,4 +1531,21 @@ pub fn kill_process_group(child: &mut Child) {
     while signal("-0") && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Runs `hooklatch ARGS --admin ADMIN` with the admin token; its standard output, once it
+/// succeeded.
+pub fn hooklatch(args: &[&str], admin: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(args)
+        .args(["--admin", admin])
+        .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .expect("running hooklatch");
+    assert!(
+        out.status.success(),
+        "hooklatch {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

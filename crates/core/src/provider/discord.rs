@@ -80,6 +80,10 @@ impl ProviderAdapter for Discord {
         "discord"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

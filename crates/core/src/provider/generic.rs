@@ -62,6 +62,10 @@ impl ProviderAdapter for Generic {
         "generic"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![self.settings.signature_header.as_str()]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

@@ -28,6 +28,10 @@ impl ProviderAdapter for GitHub {
         "github"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER, "X-Hub-Signature"]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

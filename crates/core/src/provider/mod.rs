@@ -196,6 +196,11 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
     /// The provider's name as written in config (`stripe`, `github`, ...).
     fn provider(&self) -> &'static str;
 
+    /// Every header the adapter reads a signature from. An export leaves them out unless asked
+    /// to keep them: a capture's signature re-sent to a gateway whose key for it has expired,
+    /// or to a handler keeping no keys, is taken as new where no signed timestamp expires it.
+    fn signature_headers(&self) -> Vec<&str>;
+
     /// Checks the signature (and signed timestamp, within `tolerance`) against every secret;
     /// any one matching is enough (rotation). Must compare in constant time.
     fn verify(

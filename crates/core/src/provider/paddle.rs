@@ -39,6 +39,10 @@ impl ProviderAdapter for Paddle {
         "paddle"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

@@ -28,6 +28,10 @@ impl ProviderAdapter for Razorpay {
         "razorpay"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

@@ -69,6 +69,10 @@ impl ProviderAdapter for Shopify {
         "shopify"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![WEBHOOK_HEADERS.hmac, EVENTS_HEADERS.hmac]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

@@ -75,6 +75,10 @@ impl ProviderAdapter for Slack {
         "slack"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

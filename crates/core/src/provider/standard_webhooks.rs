@@ -85,6 +85,10 @@ impl ProviderAdapter for StandardWebhooks {
         "standard-webhooks"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![WEBHOOK_HEADERS.signature, SVIX_HEADERS.signature]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

@@ -34,6 +34,10 @@ impl ProviderAdapter for Stripe {
         "stripe"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

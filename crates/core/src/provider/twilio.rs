@@ -71,6 +71,10 @@ impl ProviderAdapter for Twilio {
         "twilio"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,

@@ -52,6 +52,10 @@ impl ProviderAdapter for WhatsApp {
         "whatsapp"
     }
 
+    fn signature_headers(&self) -> Vec<&str> {
+        vec![SIGNATURE_HEADER]
+    }
+
     fn verify(
         &self,
         req: &InboundRequest<'_>,
