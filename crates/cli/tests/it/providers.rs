@@ -190,6 +190,84 @@ async fn every_provider_refuses_forgeries_and_delivers_each_event_once() {
     );
 }
 
+/// The documented limit (README, "What hooklatch does not promise"): where a provider signs no
+/// timestamp and carries its event id in a header its signature does not cover, a captured
+/// request re-sent with a fresh id in that header is a new event. Every provider's test event
+/// is sent, then sent again with each header that holds its id given a new one, signature and
+/// body untouched: the providers that take it as new are exactly the ones the README names, and
+/// every other provider refuses it (its signature covers the id) or finds the same event (the
+/// id it keys on is in the signed body).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capture_under_a_fresh_unsigned_id_header_is_new_only_where_the_readme_says() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options()).await;
+    let ingest = gateway.ingest();
+    let base = format!("http://{}", ingest.addr());
+    let mut taken_as_new = std::collections::BTreeSet::new();
+    for (provider, source, secret, _) in SOURCES {
+        let secret = Secret::from_text(secret);
+        let url = format!("{base}/in/{source}");
+        let (_, name) = fixtures::catalog()
+            .find(|(p, _)| p == provider)
+            .expect("a test event per provider");
+        let id = unique("lim");
+        let event = fixtures::build(
+            provider,
+            Some(name),
+            Some(&id),
+            &secret,
+            &url,
+            Timestamp::now(),
+        )
+        .unwrap_or_else(|e| panic!("{provider}: {e}"));
+        let (status, answer) = ingest
+            .post(source, &event.headers, event.body.clone())
+            .await;
+        assert_eq!(status, 200, "{provider}: {answer}");
+
+        let fresh = unique("lim");
+        let renamed: Vec<(String, String)> = event
+            .headers
+            .iter()
+            .map(|(n, v)| (n.clone(), v.replace(&id, &fresh)))
+            .collect();
+        if renamed == event.headers {
+            continue; // the id travels in the signed body alone
+        }
+        let (status, answer) = ingest.post(source, &renamed, event.body.clone()).await;
+        if status == 401 {
+            assert_eq!(answer["code"], "invalid_signature", "{provider}: {answer}");
+            continue; // the signature covers the id header
+        }
+        assert_eq!(status, 200, "{provider}: {answer}");
+        // The verdict from history (Twilio answers in TwiML, not JSON).
+        let verdict = |key: String| {
+            let gateway = &gateway;
+            async move {
+                let found = gateway.requests(&format!("key={key}")).await;
+                found
+                    .iter()
+                    .filter_map(|r| r["verdict"].as_str().map(str::to_owned))
+                    .collect::<Vec<_>>()
+            }
+        };
+        if verdict(event.key.replace(&id, &fresh)).await == ["accepted"] {
+            taken_as_new.insert(*provider);
+        } else {
+            let verdicts = verdict(event.key.clone()).await;
+            assert!(
+                verdicts.contains(&"duplicate".to_owned()),
+                "{provider}: the renamed request is neither new nor a duplicate: {verdicts:?}"
+            );
+        }
+    }
+    assert_eq!(
+        taken_as_new.into_iter().collect::<Vec<_>>(),
+        ["github", "razorpay", "shopify", "twilio"],
+        "the providers README.md names under \"What hooklatch does not promise\""
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handshakes_are_answered_as_each_provider_expects_and_claim_nothing() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;
