@@ -28,6 +28,7 @@ pub mod serving;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,6 +105,9 @@ pub struct SqliteStore {
     writer: Writer,
     readers: Arc<ReaderPool>,
     cap: Option<PageCap>,
+    /// Set when a write under [`Room::Ingest`] found the store full, cleared by the next one
+    /// that commits: while set, [`Store::ping`] probes for room instead of answering ready.
+    ingest_full: Arc<AtomicBool>,
     /// Held by a serving gateway's store ([`SqliteStore::open_serving`]) for as long as any
     /// clone of it lives.
     _serving: Option<Arc<serving::ServingLock>>,
@@ -126,6 +130,10 @@ impl PageCap {
         }
     }
 }
+
+/// The room a full store's readiness probe asks for: a webhook of a usual size with its
+/// history row.
+const ROOM_PROBE_BYTES: i64 = 16 * 1024;
 
 /// Which of the cap's two limits a write runs under.
 #[derive(Clone, Copy)]
@@ -202,6 +210,7 @@ impl SqliteStore {
             writer,
             readers,
             cap,
+            ingest_full: Arc::new(AtomicBool::new(false)),
             _serving: lock.map(Arc::new),
         };
         Ok((store, released))
@@ -214,12 +223,34 @@ impl SqliteStore {
         f: impl Fn(&Connection) -> rusqlite::Result<R> + Send + 'static,
     ) -> Result<R, StoreError> {
         let cap = self.cap;
-        self.writer
+        let res = self
+            .writer
             .run(move |tx| {
                 set_room(tx, cap, room)?;
                 f(tx)
             })
-            .await
+            .await;
+        if let Room::Ingest = room {
+            match &res {
+                Ok(_) => self.set_ingest_full(false),
+                Err(StoreError::Full) => self.set_ingest_full(true),
+                Err(StoreError::Unavailable(_)) => {}
+            }
+        }
+        res
+    }
+
+    fn set_ingest_full(&self, full: bool) {
+        if self.ingest_full.swap(full, Ordering::AcqRel) != full {
+            metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
+            if full {
+                tracing::warn!(
+                    "sqlite: the store is full; new events are refused until there is room"
+                );
+            } else {
+                tracing::info!("sqlite: the store has room again");
+            }
+        }
     }
 
     /// Runs `f` on a read connection, off the async runtime.
@@ -505,10 +536,26 @@ impl Store for SqliteStore {
         self.read(history::outbox_counts).await
     }
 
+    /// `SELECT 1` through the writer; once an ingest found the store full, a write that needs
+    /// room instead (16 KiB into `room_probe`, removed in the same commit), so
+    /// the store reads as ready again only when an event of that size fits: after the
+    /// operator freed space, before any provider retries.
     async fn ping(&self) -> Result<(), StoreError> {
-        self.writer
-            .run(|tx| tx.query_row("SELECT 1", [], |_| Ok(())))
-            .await
+        if !self.ingest_full.load(Ordering::Acquire) {
+            return self
+                .writer
+                .run(|tx| tx.query_row("SELECT 1", [], |_| Ok(())))
+                .await;
+        }
+        self.write(Room::Ingest, |tx| {
+            tx.execute(
+                "INSERT INTO room_probe (pad) VALUES (zeroblob(?1))",
+                [ROOM_PROBE_BYTES],
+            )?;
+            tx.execute("DELETE FROM room_probe", [])?;
+            Ok(())
+        })
+        .await
     }
 }
 

@@ -144,6 +144,11 @@ ALTER TABLE requests ADD COLUMN decision TEXT;
 ALTER TABLE requests ADD COLUMN decided_at INTEGER;
 ALTER TABLE requests ADD COLUMN decision_reason TEXT;
 "#,
+    // 8: where a full store's readiness check writes (and removes) a row the size of an
+    // event, to see whether new events fit again. Always empty between commits.
+    r#"
+CREATE TABLE room_probe (pad BLOB NOT NULL);
+"#,
 ];
 
 /// The schema version this build writes.

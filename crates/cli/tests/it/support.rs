@@ -412,6 +412,8 @@ pub struct Options {
     pub deliver: bool,
     /// `server.log_format`: `human` or `json`.
     pub log_format: &'static str,
+    /// More `[store]` lines (`history_retention = "1s"`).
+    pub store_config: &'static str,
 }
 
 impl Default for Options {
@@ -433,6 +435,7 @@ impl Default for Options {
             destination_secret: None,
             deliver: true,
             log_format: "human",
+            store_config: "",
         }
     }
 }
@@ -751,6 +754,7 @@ log_format = "{log_format}"
 {body_limit}
 [store]
 url = "{store_url}"
+{store_config}
 
 [delivery]
 enabled = {deliver}
@@ -786,6 +790,7 @@ jitter = {jitter:?}
             header_timeout = o.header_timeout,
             body_timeout = o.body_timeout,
             log_format = o.log_format,
+            store_config = o.store_config,
             destination_secret = o
                 .destination_secret
                 .map(|s| format!("secret = \"{s}\""))

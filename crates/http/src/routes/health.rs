@@ -10,6 +10,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use hooklatch_core::StoreError;
 use serde_json::json;
 
 use crate::AdminState;
@@ -26,9 +27,14 @@ pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
         )
             .into_response();
     }
-    if let Err(err) = state.store.ping().await {
-        tracing::warn!(%err, "readiness check: store failed");
-        return not_ready("store unavailable");
+    match state.store.ping().await {
+        Ok(()) => {}
+        // Said once by the store when it fills and when it has room again.
+        Err(StoreError::Full) => return not_ready("store full"),
+        Err(err) => {
+            tracing::warn!(%err, "readiness check: store failed");
+            return not_ready("store unavailable");
+        }
     }
     if let Some(keys) = &state.keys {
         if let Err(err) = keys.ping().await {
