@@ -6,9 +6,14 @@
 //! "resolves only to blocked addresses" and the delivery is dead-lettered, while the same
 //! gateway's allowed destination on 127.0.0.1 is delivered; and that a destination whose URL
 //! holds a blocked address (the metadata endpoint, loopback in decimal, `[::1]`, 127.0.0.2)
-//! stops `hooklatch check-config` with status 2 and the line to add.
+//! stops `hooklatch check-config` with status 2 and the line to add; and that an allowed
+//! destination redirecting to a blocked address does not get the redirect followed.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::http::{header, StatusCode};
 
 use crate::support::{
     stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler, Options,
@@ -17,19 +22,7 @@ use crate::support::{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_name_resolving_to_loopback_is_not_dialled_without_allow() {
     let app = Handler::start(Behaviour::AlwaysOk).await;
-    // The canary counts TCP connections, not HTTP requests: a dial that sent nothing counts.
-    let canary = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a canary port");
-    let port = canary.local_addr().expect("its address").port();
-    let dialled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counter = dialled.clone();
-    tokio::spawn(async move {
-        while let Ok((conn, _)) = canary.accept().await {
-            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            drop(conn);
-        }
-    });
+    let (port, dialled) = canary("127.0.0.1").await;
     let gw = Gateway::start_with(
         &app,
         Options {
@@ -74,9 +67,79 @@ initial_backoff = "100ms"
     })
     .await;
     assert_eq!(
-        dialled.load(std::sync::atomic::Ordering::SeqCst),
+        dialled.load(Ordering::SeqCst),
         0,
         "TCP connections to the blocked destination"
+    );
+}
+
+/// A listener on `ip` that counts TCP connections, not HTTP requests (a dial that sent
+/// nothing counts): its port and the count.
+async fn canary(ip: &str) -> (u16, Arc<AtomicUsize>) {
+    let canary = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .expect("a canary port");
+    let port = canary.local_addr().expect("its address").port();
+    let dialled = Arc::new(AtomicUsize::new(0));
+    let counter = dialled.clone();
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = canary.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            drop(conn);
+        }
+    });
+    (port, dialled)
+}
+
+/// An allowed destination (127.0.0.1) that answers every delivery with a redirect to a blocked
+/// address (127.0.0.2, loopback but not in `allow`): the redirect is not followed, the canary
+/// there accepts no connection, and the attempts fail as the 3xx they are until the delivery is
+/// dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_a_blocked_address_is_not_followed() {
+    let (port, dialled) = canary("127.0.0.2").await;
+    let redirected = Arc::new(AtomicUsize::new(0));
+    let counter = redirected.clone();
+    let location = format!("http://127.0.0.2:{port}/stolen");
+    let app = axum::Router::new().fallback(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let location = location.clone();
+        async move { (StatusCode::FOUND, [(header::LOCATION, location)], "") }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port for the redirecting destination");
+    let url = format!(
+        "http://{}/hook",
+        listener.local_addr().expect("its address")
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let gw = Gateway::start_at(
+        url,
+        Options {
+            max_attempts: 2,
+            ..Options::default()
+        },
+    )
+    .await;
+    let id = unique("evt_redirect");
+    let body = stripe_invoice_paid(&id, 5000);
+    let (status, _) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(status, 200);
+    let dead = gw
+        .wait_for_delivery_state(&format!("stripe:{id}"), "dead")
+        .await;
+    assert_eq!(dead["history"].as_array().map(Vec::len), Some(2), "{dead}");
+    assert_eq!(
+        redirected.load(Ordering::SeqCst),
+        2,
+        "one redirect per attempt"
+    );
+    assert_eq!(
+        dialled.load(Ordering::SeqCst),
+        0,
+        "TCP connections to the address the redirect named"
     );
 }
 
