@@ -384,9 +384,15 @@ struct OwnRedis {
 
 impl OwnRedis {
     async fn start(port: u16) -> OwnRedis {
+        OwnRedis::start_with(port, &[]).await
+    }
+
+    /// Started with more `redis-server` arguments (`--maxmemory 4mb`).
+    async fn start_with(port: u16, args: &[&str]) -> OwnRedis {
         let child = std::process::Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args(["--save", "", "--appendonly", "no"])
+            .args(args)
             .stdout(std::process::Stdio::null())
             .spawn()
             .expect("redis-server runs (it comes with Redis; .ci/run installs it)");
@@ -408,6 +414,73 @@ impl OwnRedis {
     fn stop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("a Redis URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connecting to the test's Redis")
+    }
+
+    /// Sets `maxmemory` 256 KiB under what the server uses now, so every write is refused
+    /// (under `noeviction`) until that much is freed. A write refused for want of memory frees
+    /// its own arguments, so a server that just refused a big value still takes small ones:
+    /// this leaves no such gap.
+    async fn over_the_limit(&self) {
+        let used = self.stat("memory", "used_memory").await;
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(used.saturating_sub(256 * 1024))
+            .query_async(&mut self.connection().await)
+            .await
+            .expect("CONFIG SET maxmemory");
+    }
+
+    /// A field of an `INFO` section as a number (`stats`, `evicted_keys`).
+    async fn stat(&self, section: &str, field: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg(section)
+            .query_async(&mut self.connection().await)
+            .await
+            .expect("INFO");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{field}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in INFO {section}"))
+    }
+
+    /// Writes 16 KiB values under `filler:N` until Redis refuses one (`noeviction`) or `most`
+    /// are written; returns how many it took.
+    async fn fill(&self, most: usize) -> usize {
+        let mut conn = self.connection().await;
+        let value = vec![b'x'; 16 * 1024];
+        for i in 0..most {
+            let set: redis::RedisResult<()> = conn.set(format!("filler:{i}"), &value).await;
+            if let Err(err) = set {
+                assert!(err.to_string().contains("OOM"), "{err}");
+                return i;
+            }
+        }
+        most
+    }
+
+    /// How many keys hold `pattern` (SCAN, so a full server answers it too).
+    async fn count(&self, pattern: &str) -> usize {
+        let mut conn = self.connection().await;
+        let mut keys = conn.scan_match::<_, String>(pattern).await.expect("SCAN");
+        let mut n = 0;
+        while let Some(key) = keys.next_item().await {
+            key.expect("a key");
+            n += 1;
+        }
+        n
     }
 }
 
@@ -611,4 +684,171 @@ async fn a_redis_keys_gateway_dying_mid_claim_leaves_a_lease_the_retry_waits_out
         .count("duplicates", 1)
         .figure("in_flight_answers", in_flight as u64);
     keys.clean_up().await;
+}
+
+/// Sends each of `ids` once as a signed Stripe event: (id, status, `status` or `code` field).
+async fn send_each(gateway: &Gateway, ids: &[String]) -> Vec<(String, u16, String)> {
+    let mut answers = Vec::new();
+    for id in ids {
+        let body = stripe_invoice_paid(id, 5000);
+        let (status, json) = gateway.post("stripe", &stripe_headers(&body), body).await;
+        let said = json["status"].as_str().or(json["code"].as_str());
+        answers.push((id.clone(), status, said.unwrap_or_default().to_owned()));
+    }
+    answers
+}
+
+/// A private Redis of 4 MiB under `policy`, and a gateway keeping its keys there. `None` (the
+/// test skipped) where the Redis tests do not run: it needs only the `redis-server` binary,
+/// but runs with the other Redis tests.
+async fn small_redis(policy: &str) -> Option<(OwnRedis, Handler, Gateway)> {
+    Keys::open().await?;
+    let own = OwnRedis::start_with(
+        crate::support::free_port(),
+        &["--maxmemory", "4mb", "--maxmemory-policy", policy],
+    )
+    .await;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let options = Options {
+        extra_env: vec![("HOOKLATCH_STORE__KEYS".to_owned(), own.url())],
+        ..Options::default()
+    };
+    let gateway = Gateway::start_with(&handler, options).await;
+    Some((own, handler, gateway))
+}
+
+/// T8, a full Redis under `noeviction` (the setting README asks for): with its memory taken
+/// by other keys, every new event is answered 503 `key_store_unavailable`, never 2xx, and
+/// nothing is evicted — the keys of the events accepted before are all still there. Once
+/// memory is freed, the providers' retries are accepted and every event is delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_redis_under_noeviction_answers_503_and_evicts_nothing() {
+    let Some((own, handler, gateway)) = small_redis("noeviction").await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T8", "redis");
+    let run = unique("evt_full_redis");
+    let before: Vec<String> = (0..20).map(|i| format!("{run}_a{i:02}")).collect();
+    let during: Vec<String> = (0..20).map(|i| format!("{run}_b{i:02}")).collect();
+    for (id, status, said) in send_each(&gateway, &before).await {
+        assert_eq!((status, said.as_str()), (200, "accepted"), "{id}");
+    }
+    let claims = own.count("*stripe*").await;
+    assert_eq!(claims, before.len(), "one key per event");
+
+    let fillers = own.fill(10_000).await;
+    assert!(fillers < 10_000, "Redis never refused a write");
+    own.over_the_limit().await;
+    for (id, status, said) in send_each(&gateway, &during).await {
+        assert_eq!(
+            (status, said.as_str()),
+            (503, "key_store_unavailable"),
+            "{id} while Redis is full"
+        );
+    }
+    // A provider's retry of an accepted event is never 2xx as new, full or not.
+    for (id, status, said) in send_each(&gateway, &before[..5]).await {
+        assert!(
+            (status, said.as_str()) == (200, "duplicate") || status == 503,
+            "{id}: {status} {said}"
+        );
+    }
+    assert_eq!(
+        own.stat("stats", "evicted_keys").await,
+        0,
+        "nothing evicted"
+    );
+    assert_eq!(own.count("*stripe*").await, claims, "every key still there");
+
+    // Memory freed (the other keys removed), the providers' retries are accepted.
+    let mut conn = own.connection().await;
+    for i in 0..fillers {
+        let _: () = conn.del(format!("filler:{i}")).await.expect("DEL");
+    }
+    for (id, status, said) in send_each(&gateway, &during).await {
+        assert_eq!(
+            (status, said.as_str()),
+            (200, "accepted"),
+            "{id} after room was made"
+        );
+    }
+    let all: Vec<String> = before
+        .iter()
+        .chain(&during)
+        .map(|id| format!("stripe:{id}"))
+        .collect();
+    wait_until_within("every event delivered", Duration::from_secs(30), || {
+        all.iter().all(|k| handler.count_for(k) >= 1)
+    })
+    .await;
+    assert!(all.iter().all(|k| handler.count_for(k) == 1), "each once");
+    card.count("ops", 2 * during.len() + before.len() + 5)
+        .count("acked", all.len())
+        .count("lost", 0)
+        .count("duplicates", 0)
+        .figure("fillers_before_full", fillers as u64)
+        .figure("evicted_claims", 0);
+}
+
+/// T8's control: the same with `allkeys-lru`, the policy README warns against. Filling Redis
+/// evicts event keys, and the providers' retries of those events are accepted again: extra
+/// deliveries (under the same `Idempotency-Key`, for the application's guard), never a lost
+/// event. What `noeviction` prevents, shown happening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_redis_turns_evictions_into_extra_deliveries_never_losses() {
+    let Some((own, handler, gateway)) = small_redis("allkeys-lru").await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T8", "redis");
+    let run = unique("evt_lru");
+    let ids: Vec<String> = (0..50).map(|i| format!("{run}_{i:02}")).collect();
+    for (id, status, said) in send_each(&gateway, &ids).await {
+        assert_eq!((status, said.as_str()), (200, "accepted"), "{id}");
+    }
+    let keys: Vec<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    wait_until_within("every event delivered", Duration::from_secs(30), || {
+        keys.iter().all(|k| handler.count_for(k) == 1)
+    })
+    .await;
+
+    // 8 MiB of other keys in a 4 MiB Redis: it evicts, the event keys among them.
+    assert_eq!(
+        own.fill(512).await,
+        512,
+        "an evicting Redis refuses no write"
+    );
+    let evicted = own.stat("stats", "evicted_keys").await;
+    let kept = own.count("*stripe*").await;
+    assert!(
+        kept < ids.len(),
+        "no event key was evicted ({evicted} keys were)"
+    );
+
+    let answers = send_each(&gateway, &ids).await;
+    let again = answers
+        .iter()
+        .filter(|(_, _, said)| said == "accepted")
+        .count();
+    for (id, status, said) in &answers {
+        assert_eq!(*status, 200, "{id}: {said}");
+        assert!(said == "accepted" || said == "duplicate", "{id}: {said}");
+    }
+    assert_eq!(
+        again,
+        ids.len() - kept,
+        "each evicted key's event is taken as new"
+    );
+    wait_until_within(
+        "the extra deliveries arrive",
+        Duration::from_secs(30),
+        || keys.iter().map(|k| handler.count_for(k)).sum::<usize>() == ids.len() + again,
+    )
+    .await;
+    assert!(keys.iter().all(|k| handler.count_for(k) >= 1), "none lost");
+    card.count("ops", 2 * ids.len())
+        .count("acked", ids.len())
+        .count("lost", 0)
+        .count("duplicates", again)
+        .figure("evicted_keys", evicted)
+        .figure("evicted_claims", (ids.len() - kept) as u64);
 }
