@@ -277,28 +277,31 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
         .figure("extra_deliveries_per_crash", 1);
 }
 
-/// T4 with several kills in one run: 1,000 events from 16 senders that retry as a provider
-/// does (an answer the kill cut off, or a refused connection while the gateway is down, is
-/// sent again 20 ms later), and the gateway killed -9 and restarted on the same file three
+/// T4 with several stops in one run: 1,000 events from 16 senders that retry as a provider
+/// does (an answer a stop cut off, or a refused connection while the gateway is down, is sent
+/// again 20 ms later), and every tenth event sent once more after its acknowledgement, as a
+/// provider does that missed it. The gateway is stopped and restarted on the same file four
 /// times (`HOOKLATCH_SCALE` times more in the soak tier), at points of the acknowledgement count
-/// drawn from the card's seed. Every event ends acknowledged — `accepted`, or `duplicate` when
-/// a kill cut the answer to a committed request — and forwarded, with one outbox row each:
-/// lost = 0; repeated deliveries are counted.
+/// drawn from the card's seed: kill -9, SIGTERM, kill -9, SIGTERM. Every event ends
+/// acknowledged — `accepted`, or `duplicate` when a stop cut the answer to a committed request
+/// — every second send is a `duplicate`, and every event is forwarded, with one outbox row
+/// each: lost = 0; repeated deliveries are counted, and only a kill -9 may cause them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_survives_three_kills_in_one_burst() {
+async fn every_event_survives_kills_and_sigterms_in_one_burst() {
     let mut card = crate::report::Card::new("T4", "sqlite");
     let seed = card.seed();
     let events = crate::report::scaled(EVENTS);
-    let kills = crate::report::scaled(3);
-    // Kill `i` comes after about (i + 1) / (kills + 1) of the events are acknowledged, a little
-    // earlier by a draw from the seed.
-    let segment = events / (kills + 1);
-    let kill_points: Vec<usize> = (0..kills)
+    let stops = crate::report::scaled(4);
+    let kills = stops.div_ceil(2);
+    // Stop `i` comes after about (i + 1) / (stops + 1) of the events are acknowledged, a little
+    // earlier by a draw from the seed; even stops are kill -9, odd ones SIGTERM.
+    let segment = events / (stops + 1);
+    let kill_points: Vec<usize> = (0..stops)
         .map(|i| {
             (i + 1) * segment - crate::report::draw(seed, i as u64, segment as u64 / 2) as usize
         })
         .collect();
-    card.fault("kill9", kills);
+    card.fault("kill9", kills).fault("sigterm", stops - kills);
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let mut gw = Gateway::start_with(
         &handler,
@@ -313,53 +316,55 @@ async fn every_event_survives_three_kills_in_one_burst() {
     let next = Arc::new(AtomicUsize::new(0));
     let n_acked = Arc::new(AtomicUsize::new(0));
     let recovered = Arc::new(AtomicUsize::new(0));
+    let resent = Arc::new(AtomicUsize::new(0));
     let mut senders = JoinSet::new();
     for _ in 0..SENDERS {
-        let (ingest, ids, next, n_acked, recovered) = (
+        let (ingest, ids, next, n_acked, recovered, resent) = (
             gw.ingest(),
             ids.clone(),
             next.clone(),
             n_acked.clone(),
             recovered.clone(),
+            resent.clone(),
         );
         senders.spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 let Some(id) = ids.get(i) else { return };
                 let body = stripe_invoice_paid(id, 1000 + i as u64);
-                let started = Instant::now();
-                loop {
-                    let headers = stripe_headers(&body);
-                    match ingest.try_post("stripe", &headers, body.clone()).await {
-                        Ok((200, json)) => {
-                            match json["status"].as_str() {
-                                Some("accepted") => {}
-                                Some("duplicate") => {
-                                    recovered.fetch_add(1, Ordering::SeqCst);
-                                }
-                                other => panic!("{id} answered {other:?}: {json}"),
-                            }
-                            n_acked.fetch_add(1, Ordering::SeqCst);
-                            break;
+                // Sent until acknowledged, as a provider does; every tenth event then once
+                // more, as a provider does that missed the acknowledgement: a duplicate.
+                for send in 0..if i % 10 == 0 { 2 } else { 1 } {
+                    let said = acknowledged(&ingest, id, &body).await;
+                    match (send, said.as_str()) {
+                        (0, "accepted") => {}
+                        (0, _) => {
+                            recovered.fetch_add(1, Ordering::SeqCst);
                         }
-                        // The gateway is down or dying: the provider tries again.
-                        Ok((status, json)) => assert_eq!(status, 503, "{id}: {json}"),
-                        Err(_) => {}
+                        (_, "duplicate") => {
+                            resent.fetch_add(1, Ordering::SeqCst);
+                        }
+                        (_, other) => panic!("{id} sent again answered {other}"),
                     }
-                    assert!(started.elapsed() < AFTER_RESTART, "{id} never acknowledged");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
                 }
+                n_acked.fetch_add(1, Ordering::SeqCst);
             }
         });
     }
-    for point in &kill_points {
+    for (i, point) in kill_points.iter().enumerate() {
         crate::support::wait_until_within(
-            "the acknowledgements before the next kill",
+            "the acknowledgements before the next stop",
             AFTER_RESTART,
             || n_acked.load(Ordering::SeqCst) >= *point,
         )
         .await;
-        gw.kill9();
+        if i % 2 == 0 {
+            gw.kill9();
+        } else {
+            gw.sigterm();
+            let status = gw.wait_exit().await;
+            assert!(status.success(), "SIGTERM ends serve cleanly: {status}");
+        }
         gw.restart().await;
     }
     senders.join_all().await;
@@ -376,16 +381,45 @@ async fn every_event_survives_three_kills_in_one_burst() {
         "{duplicates} repeated deliveries for {kills} kills"
     );
     let recovered = recovered.load(Ordering::SeqCst);
-    card.count("ops", events)
+    let resent = resent.load(Ordering::SeqCst);
+    assert_eq!(
+        resent,
+        events.div_ceil(10),
+        "every second send is a duplicate"
+    );
+    card.count("ops", events + resent)
         .count("acked", events)
         .count("lost", 0)
         .count("recovered", recovered)
         .count("duplicates", duplicates)
-        .figure("kill_points", kill_points.clone())
+        .figure("stop_points", kill_points.clone())
+        .figure("sent_twice", resent)
         .figure("forwards", received.len());
     println!(
-        "{kills} kills in one burst of {events} events (after {kill_points:?} acknowledgements): \
-         0 lost; {recovered} answers cut by a kill after the commit (re-sent, duplicate); \
-         {duplicates} repeated deliveries"
+        "{kills} kills and {} SIGTERMs in one burst of {events} events (after {kill_points:?} \
+         acknowledgements): 0 lost; {recovered} answers cut by a stop after the commit \
+         (re-sent, duplicate); {resent} events sent twice, each a duplicate; {duplicates} \
+         repeated deliveries",
+        stops - kills
     );
+}
+
+/// Sends a signed event until it is acknowledged, as a provider retries: an answer cut off,
+/// a refused connection or a 503 (the gateway down, dying or starting) is sent again 20 ms
+/// later. Returns the `status` of the 200.
+async fn acknowledged(ingest: &crate::support::Ingest, id: &str, body: &[u8]) -> String {
+    let started = Instant::now();
+    loop {
+        let headers = stripe_headers(body);
+        match ingest.try_post("stripe", &headers, body.to_vec()).await {
+            Ok((200, json)) => match json["status"].as_str() {
+                Some(said @ ("accepted" | "duplicate")) => return said.to_owned(),
+                other => panic!("{id} answered {other:?}: {json}"),
+            },
+            Ok((status, json)) => assert_eq!(status, 503, "{id}: {json}"),
+            Err(_) => {}
+        }
+        assert!(started.elapsed() < AFTER_RESTART, "{id} never acknowledged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
