@@ -1284,13 +1284,18 @@ async fn concurrent_copies_on_two_instances_make_exactly_one_claim() {
     let Some(base) = support::base_url("the two-instance claim test") else {
         return;
     };
-    const ROUNDS: usize = 20;
-    const COPIES: usize = 32;
     let db = TestDb::create(&base).await;
+    copies_on_two_instances_make_one_claim(&db, 20).await;
+}
+
+/// `rounds` events, each as 32 copies at once on two instances: one claim each, the other
+/// copies duplicates of it, never an error.
+async fn copies_on_two_instances_make_one_claim(db: &TestDb, rounds: usize) {
+    const COPIES: usize = 32;
     // Two stores, two pools: as two gateway processes behind a load balancer.
     let instances = [db.store().await, db.store().await];
     let started = Instant::now();
-    for round in 0..ROUNDS {
+    for round in 0..rounds {
         let key = format!("evt_{round}");
         let barrier = Arc::new(Barrier::new(COPIES));
         let mut tasks = JoinSet::new();
@@ -1333,13 +1338,13 @@ async fn concurrent_copies_on_two_instances_make_exactly_one_claim() {
         );
     }
     eprintln!(
-        "figure: {} copies of {ROUNDS} events on two instances in {:.1?}",
-        ROUNDS * COPIES,
+        "figure: {} copies of {rounds} events on two instances in {:.1?}",
+        rounds * COPIES,
         started.elapsed()
     );
     let stats = instances[1].stats().await.expect("stats");
-    assert_eq!(stats.claims, ROUNDS as u64);
-    assert_eq!(all_requests(&instances[1]).await.len(), ROUNDS * COPIES);
+    assert_eq!(stats.claims, rounds as u64);
+    assert_eq!(all_requests(&instances[1]).await.len(), rounds * COPIES);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1347,12 +1352,16 @@ async fn overlapping_batched_deliveries_on_two_instances_never_fail_and_claim_ea
     let Some(base) = support::base_url("the overlapping-keys test") else {
         return;
     };
-    // Requests carrying two keys each, in both orders, from two instances at once: the lock
-    // orders that deadlock unless keys are claimed in one order (and the deadlocks that remain
-    // are retried inside).
+    let db = TestDb::create(&base).await;
+    overlapping_keys_on_two_instances_claim_each_once(&db).await;
+}
+
+/// Requests carrying two keys each, in both orders, from two instances at once: the lock
+/// orders that deadlock unless keys are claimed in one order (and the deadlocks that remain
+/// are retried inside). Never an error; each key claimed once.
+async fn overlapping_keys_on_two_instances_claim_each_once(db: &TestDb) {
     const KEYS: usize = 8;
     const REQUESTS: usize = 64;
-    let db = TestDb::create(&base).await;
     let instances = [db.store().await, db.store().await];
     let barrier = Arc::new(Barrier::new(REQUESTS));
     let mut tasks = JoinSet::new();
@@ -1390,6 +1399,51 @@ async fn overlapping_batched_deliveries_on_two_instances_never_fail_and_claim_ea
         all_deliveries(&instances[0]).await.len(),
         KEYS * DESTINATIONS.len()
     );
+}
+
+/// T2: a database (or a role) whose default isolation is `REPEATABLE READ` or `SERIALIZABLE`,
+/// where concurrent claims and leases would fail with SQLSTATE 40001 instead of waiting. The
+/// store's sessions run `READ COMMITTED` whatever the default (`PgOptions`): on such a
+/// database, with the default checked in a plain session, the two-instance storms above never
+/// fail and claim each key once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stricter_default_isolation_changes_nothing() {
+    let Some(base) = support::base_url("the default-isolation test") else {
+        return;
+    };
+    for isolation in ["repeatable read", "serializable"] {
+        let db = strict_db(&base, isolation).await;
+        copies_on_two_instances_make_one_claim(&db, 5).await;
+        db.destroy().await;
+        let db = strict_db(&base, isolation).await;
+        overlapping_keys_on_two_instances_claim_each_once(&db).await;
+        db.destroy().await;
+    }
+}
+
+/// A fresh database whose sessions default to `isolation`, checked in a plain session.
+async fn strict_db(base: &str, isolation: &str) -> TestDb {
+    let db = TestDb::create(base).await;
+    let mut raw = db.raw().await;
+    raw.execute(
+        format!(
+            "ALTER DATABASE {} SET default_transaction_isolation TO '{isolation}'",
+            db.name
+        )
+        .as_str(),
+    )
+    .await
+    .expect("setting the database's default isolation");
+    drop(raw);
+    let shown: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&mut db.raw().await)
+        .await
+        .expect("SHOW");
+    assert_eq!(
+        shown, isolation,
+        "a plain session gets the stricter default"
+    );
+    db
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
