@@ -25,8 +25,18 @@ use crate::support::{
 pub(crate) use crate::test_database::TestDatabase as Database;
 
 async fn three_gateways(handler: &Handler, db: &Database, timeout: &'static str) -> Vec<Gateway> {
+    gateways_on(handler, db, timeout, 3).await
+}
+
+/// `n` gateways on one database, delivering to `handler` with the destination `timeout`.
+async fn gateways_on(
+    handler: &Handler,
+    db: &Database,
+    timeout: &'static str,
+    n: usize,
+) -> Vec<Gateway> {
     let mut gateways = Vec::new();
-    for _ in 0..3 {
+    for _ in 0..n {
         let options = Options {
             store_url: Some(db.url()),
             timeout,
@@ -62,16 +72,25 @@ async fn post_until_answered(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_event() {
+    storm_on_postgres(3).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_instance_on_postgres_makes_one_claim_and_one_forward_per_event() {
+    storm_on_postgres(1).await;
+}
+
+/// T1 on PostgreSQL: 1,000 ids × 32 copies from 64 senders, each event's copies sent together
+/// and spread over `instances` gateways on one database; a 503 (the wait limit) is retried as a
+/// provider does, and counted.
+async fn storm_on_postgres(instances: usize) {
     let mut card = crate::report::Card::new("T1", "postgres");
     let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
         return;
     };
     let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let gateways = three_gateways(&handler, &db, "10s").await;
+    let gateways = gateways_on(&handler, &db, "10s", instances).await;
     let ingests: Vec<Ingest> = gateways.iter().map(Gateway::ingest).collect();
-
-    // 64 senders; each event's 32 copies go out together, spread over the three instances;
-    // a 503 (the wait limit) is retried as a provider does, and counted.
     let retry = Retry {
         statuses: &[503],
         attempts: 20,
@@ -87,9 +106,9 @@ async fn three_instances_on_one_postgres_make_one_claim_and_one_forward_per_even
         retry,
     )
     .await;
-    card.figure("instances", 3);
+    card.figure("instances", instances);
     println!(
-        "T1 postgres×3: ids={} copies=32 forwards={} 503s_retried={n_503}",
+        "T1 postgres×{instances}: ids={} copies=32 forwards={} 503s_retried={n_503}",
         ids.len(),
         handler.total(),
     );
