@@ -164,6 +164,105 @@ async fn one_payment_sent_42_times_is_one_persistent_message_keyed_by_its_event(
     broker.clean_up().await;
 }
 
+/// T1 in Redis-keys mode with a RabbitMQ destination (the two scale-out parts together): 300
+/// ids × 32 concurrent copies from 64 senders (`HOOKLATCH_SCALE` times more in the soak tier),
+/// copies meeting the first in flight answered 409 and retried as a provider does. Per id one
+/// `accepted` and 31 `duplicate`; the queue holds exactly one persistent message per id, keyed
+/// by its event; one Redis key per id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keys_and_a_rabbitmq_destination_make_one_message_per_event_under_32_copies() {
+    let Some(url) = broker_url() else { return };
+    let Ok(redis_url) = std::env::var("HOOKLATCH_TEST_REDIS_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI is set but HOOKLATCH_TEST_REDIS_URL is not: the Redis tests must run"
+        );
+        println!("skipped: set HOOKLATCH_TEST_REDIS_URL to run the Redis × RabbitMQ storm");
+        return;
+    };
+    let _broker_up = BROKER.read().await;
+    let mut card = report::Card::new("T1", "redis+rabbitmq");
+    let mut broker = TestBroker::connect(&url).await;
+    let tag = unique("storm");
+    let (exchange, queue) = (
+        format!("hooklatch-e2e-x-{tag}"),
+        format!("hooklatch-e2e-q-{tag}"),
+    );
+    broker.owns(&exchange, &queue);
+    let prefix = format!("hooklatch-e2e:{tag}:");
+    let mut options = options(
+        &url,
+        &format!(
+            "exchange = \"{exchange}\"\nrouting_key = \"payment\"\ndeclare = true\nqueue = \"{queue}\""
+        ),
+    );
+    options.extra_env.extend([
+        ("HOOKLATCH_STORE__KEYS".to_owned(), redis_url.clone()),
+        ("HOOKLATCH_STORE__KEY_PREFIX".to_owned(), prefix.clone()),
+    ]);
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(&handler, options).await;
+
+    let ids: Vec<String> = (0..report::scaled(300))
+        .map(|i| format!("{tag}_{i:04}"))
+        .collect();
+    let (answers, retried) = support::storm(
+        &[gw.ingest()],
+        &ids,
+        32,
+        &[409, 503],
+        200,
+        Duration::from_millis(20),
+        card.seed(),
+    )
+    .await;
+    for id in &ids {
+        let got = &answers[id];
+        let accepted = got.iter().filter(|a| a.1 == "accepted").count();
+        let duplicates = got.iter().filter(|a| a.1 == "duplicate").count();
+        assert!(got.iter().all(|a| a.0 == 200), "{id}: {got:?}");
+        assert_eq!((accepted, duplicates), (1, 31), "{id}: {got:?}");
+    }
+    eventually("every outbox row delivered", async || {
+        gw.deliveries("state=pending").await.is_empty()
+    })
+    .await;
+    let mut published = drain_message_ids(&mut broker, &queue).await;
+    published.sort();
+    let mut expected: Vec<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    expected.sort();
+    assert_eq!(published, expected, "one message per event, keyed by it");
+
+    let client = redis::Client::open(redis_url.as_str()).expect("a Redis URL");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert_eq!(keys.len(), ids.len(), "one Redis key per event");
+    let _: () = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    card.count("ops", ids.len() * 32)
+        .count("acked", ids.len())
+        .count("duplicates", 0)
+        .figure("retried", retried)
+        .figure("messages", published.len());
+    println!(
+        "T1 redis+rabbitmq: ids={} copies=32 messages={} in_flight_or_503_retried={retried}",
+        ids.len(),
+        published.len()
+    );
+    drop(gw);
+    broker.clean_up().await;
+}
+
 /// A gateway that dies after RabbitMQ confirmed a publish and before the attempt was
 /// recorded (the crash point `worker_after_publish_before_record`, RELIABILITY.md T10):
 /// started again, it publishes the row once more with the same `message_id`, so the event is
