@@ -1210,6 +1210,28 @@ jitter = {jitter:?}
     }
 }
 
+impl Gateway {
+    /// The secrets this gateway's configuration holds (T21's canaries): the admin token, the
+    /// sources' signing secrets, the destination's secret, and every extra environment
+    /// variable named like a secret or token.
+    fn canaries(&self) -> Vec<(String, String)> {
+        let mut canaries = vec![
+            ("admin token".to_owned(), ADMIN_TOKEN.to_owned()),
+            ("Stripe signing secret".to_owned(), STRIPE_SECRET.to_owned()),
+            ("GitHub signing secret".to_owned(), GITHUB_SECRET.to_owned()),
+        ];
+        if let Some(secret) = self.options.destination_secret {
+            canaries.push(("destination secret".to_owned(), secret.to_owned()));
+        }
+        for (name, value) in &self.options.extra_env {
+            if (name.contains("SECRET") || name.contains("TOKEN")) && value.len() >= 8 {
+                canaries.push((name.clone(), value.clone()));
+            }
+        }
+        canaries
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         self.kill9();
@@ -1218,6 +1240,17 @@ impl Drop for Gateway {
                 "---- hooklatch serve log ({}), last lines ----\n{}\n---- end of log ----",
                 self.log_path().display(),
                 self.log_tail(80)
+            );
+            return;
+        }
+        // T21 across the whole run: whatever the test did to it, the gateway's log holds none
+        // of the secrets its configuration carried.
+        let log = self.log();
+        for (what, secret) in self.canaries() {
+            assert!(
+                !log.contains(&secret),
+                "the gateway's log ({}) shows the {what}",
+                self.log_path().display()
             );
         }
     }
