@@ -270,3 +270,64 @@ async fn a_hang_a_reset_and_a_refused_connection_are_retried_then_dead_lettered_
     no_status(&dead);
     card.count("ops", 3).count("dlq", 3).count("lost", 0);
 }
+
+/// A running gateway keeps to its backoff: a destination failing every attempt, six attempts,
+/// 200 ms doubling to 800 ms with 20 % jitter. Between the end of each attempt (its start plus
+/// its latency, as the store recorded them) and the start of the next lies at least the
+/// schedule's delay less its jitter (200, 400, 800, 800, 800 ms × 0.8), and the handler saw
+/// the same spacing on its own clock; never early. How late each came (the worker's poll and
+/// its scheduling) is printed, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_keep_to_the_backoff_within_its_jitter() {
+    const JITTER: f64 = 0.2;
+    let handler = Handler::start(Behaviour::AlwaysFail).await;
+    let options = Options {
+        max_attempts: 6,
+        initial_backoff: "200ms",
+        max_backoff: "800ms",
+        jitter: JITTER,
+        ..Options::default()
+    };
+    let gw = Gateway::start_with(&handler, options).await;
+    let key = gw.send_stripe_event("stripe", "evt_schedule").await;
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    let history = dead["history"].as_array().expect("the attempts");
+    assert_eq!(history.len(), 6, "{dead:#}");
+    let schedule_ms = [200u64, 400, 800, 800, 800];
+    // `2026-12-06T10:00:00.123Z`: the millisecond of its day (the attempts span seconds; a
+    // gap across midnight is put right below).
+    let started = |a: &Value| -> i64 {
+        let text = a["started_at"].as_str().expect("started_at");
+        let clock = &text[11..23];
+        let field = |r: std::ops::Range<usize>| clock[r].parse::<i64>().expect("a time field");
+        ((field(0..2) * 60 + field(3..5)) * 60 + field(6..8)) * 1000 + field(9..12)
+    };
+    let day_ms = 86_400_000;
+    let arrivals: Vec<_> = handler.received_for(&key).iter().map(|r| r.at).collect();
+    assert_eq!(arrivals.len(), 6);
+    let mut late_ms = Vec::new();
+    for (k, delay) in schedule_ms.iter().enumerate() {
+        let earliest = (*delay as f64 * (1.0 - JITTER)) as i64;
+        let ended = started(&history[k]) + history[k]["latency_ms"].as_i64().unwrap_or(0);
+        let mut gap = started(&history[k + 1]) - ended;
+        if gap < -day_ms / 2 {
+            gap += day_ms; // the next attempt started after midnight
+        }
+        // Times are kept to the millisecond: one of rounding on each side.
+        assert!(
+            gap >= earliest - 2,
+            "attempt {} came {gap} ms after attempt {} ended; the schedule allows {earliest} ms at the soonest",
+            k + 2,
+            k + 1
+        );
+        let seen = arrivals[k + 1].duration_since(arrivals[k]).as_millis() as i64;
+        assert!(
+            seen >= earliest - 2,
+            "the handler saw attempt {} {seen} ms after attempt {}",
+            k + 2,
+            k + 1
+        );
+        late_ms.push(gap - *delay as i64);
+    }
+    println!("backoff: each attempt's lateness against the unjittered schedule (ms): {late_ms:?}");
+}
