@@ -4,8 +4,9 @@
 //! closed as soon as they are accepted), `reset_peer` (the same with a TCP reset instead of a
 //! close: the client reads "connection reset by peer"), `timeout` with no limit, here
 //! [`FaultProxy::stall`] (connections stay open, nothing gets through either way: a server that
-//! stopped answering, or a network that drops packets), and `latency` (every chunk held back a
-//! while, both ways, the connections otherwise working).
+//! stopped answering, or a network that drops packets), `latency` (every chunk held back a
+//! while, both ways, the connections otherwise working) and `slicer` (every chunk passed on in
+//! slices of a few bytes, a pause after each: a slow link that still delivers everything).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -31,9 +32,19 @@ pub struct FaultProxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
     accepted: Arc<AtomicUsize>,
-    /// Microseconds each forwarded chunk waits.
-    latency: Arc<AtomicU64>,
+    toxics: Arc<Toxics>,
     task: JoinHandle<()>,
+}
+
+/// How forwarded bytes are slowed down, set while connections are open.
+#[derive(Debug, Default)]
+struct Toxics {
+    /// Microseconds each forwarded chunk waits.
+    latency_us: AtomicU64,
+    /// Bytes per slice (0: chunks are passed on whole).
+    slice_bytes: AtomicUsize,
+    /// Microseconds after each slice.
+    slice_pause_us: AtomicU64,
 }
 
 impl FaultProxy {
@@ -43,8 +54,8 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let (mode, watching) = watch::channel(Mode::Up);
         let accepted = Arc::new(AtomicUsize::new(0));
-        let latency = Arc::new(AtomicU64::new(0));
-        let (count, delay) = (accepted.clone(), latency.clone());
+        let toxics = Arc::new(Toxics::default());
+        let (count, shaping) = (accepted.clone(), toxics.clone());
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
@@ -61,12 +72,12 @@ impl FaultProxy {
                         });
                     }
                     Mode::Up => {
-                        let delay = delay.clone();
+                        let shaping = shaping.clone();
                         tokio::spawn(async move {
                             let Ok(server) = TcpStream::connect(upstream).await else {
                                 return;
                             };
-                            forward(client, server, &mut cut, &delay).await;
+                            forward(client, server, &mut cut, &shaping).await;
                         });
                     }
                 }
@@ -76,7 +87,7 @@ impl FaultProxy {
             addr,
             mode,
             accepted,
-            latency,
+            toxics,
             task,
         })
     }
@@ -111,8 +122,19 @@ impl FaultProxy {
     /// Holds every chunk read from either side for `delay` before passing it on, on open
     /// connections and new ones; `Duration::ZERO` ends it.
     pub fn set_latency(&self, delay: Duration) {
-        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
-        self.latency.store(micros, Ordering::SeqCst);
+        self.toxics
+            .latency_us
+            .store(micros(delay), Ordering::SeqCst);
+    }
+
+    /// Passes every chunk on in slices of `bytes`, pausing `pause` after each, both ways, on
+    /// open connections and new ones; `bytes` 0 ends it. Bytes already read are still passed
+    /// on when the other side goes away, as a slow network delivers what it holds.
+    pub fn set_slicer(&self, bytes: usize, pause: Duration) {
+        self.toxics
+            .slice_pause_us
+            .store(micros(pause), Ordering::SeqCst);
+        self.toxics.slice_bytes.store(bytes, Ordering::SeqCst);
     }
 
     /// How many connections the proxy has accepted, cut ones included.
@@ -128,6 +150,10 @@ impl Drop for FaultProxy {
     }
 }
 
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Aborts a connection: a TCP reset, not a close.
 fn reset(stream: TcpStream) {
     let _ = stream.set_zero_linger();
@@ -140,15 +166,15 @@ async fn forward(
     mut client: TcpStream,
     mut server: TcpStream,
     cut: &mut watch::Receiver<Mode>,
-    latency: &AtomicU64,
+    toxics: &Toxics,
 ) {
     let ended = {
         let (client_read, client_write) = client.split();
         let (server_read, server_write) = server.split();
         let copy = async {
             tokio::try_join!(
-                pipe(client_read, server_write, latency),
-                pipe(server_read, client_write, latency)
+                pipe(client_read, server_write, toxics),
+                pipe(server_read, client_write, toxics)
             )
         };
         tokio::pin!(copy);
@@ -175,11 +201,12 @@ async fn forward(
     }
 }
 
-/// Copies one way, each chunk after the proxy's latency; passes the end of stream on.
+/// Copies one way, each chunk after the proxy's latency and in its slices; passes the end of
+/// stream on.
 async fn pipe(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
-    latency: &AtomicU64,
+    toxics: &Toxics,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -187,11 +214,21 @@ async fn pipe(
         if n == 0 {
             return to.shutdown().await;
         }
-        let delay = latency.load(Ordering::SeqCst);
+        let delay = toxics.latency_us.load(Ordering::SeqCst);
         if delay > 0 {
             tokio::time::sleep(Duration::from_micros(delay)).await;
         }
-        to.write_all(&buf[..n]).await?;
+        let slice = toxics.slice_bytes.load(Ordering::SeqCst);
+        if slice == 0 {
+            to.write_all(&buf[..n]).await?;
+            continue;
+        }
+        let pause = Duration::from_micros(toxics.slice_pause_us.load(Ordering::SeqCst));
+        for piece in buf[..n].chunks(slice) {
+            to.write_all(piece).await?;
+            to.flush().await?;
+            tokio::time::sleep(pause).await;
+        }
     }
 }
 
@@ -270,6 +307,27 @@ mod tests {
         proxy.set_latency(Duration::ZERO);
         let (_, buf) = echo(open).await.unwrap();
         assert_eq!(&buf, b"ping", "the same connection, through");
+    }
+
+    #[tokio::test]
+    async fn a_slicer_passes_every_byte_on_in_slices_with_a_pause_after_each() {
+        let proxy = FaultProxy::start(echo_server().await).await.unwrap();
+        proxy.set_slicer(1, Duration::from_millis(50));
+        // "ping" goes out as four slices, three pauses between them before the last byte can
+        // reach the echo server (which answers byte by byte as it reads).
+        let started = std::time::Instant::now();
+        let (open, buf) = echo(TcpStream::connect(proxy.addr()).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(&buf, b"ping");
+        assert!(
+            started.elapsed() >= Duration::from_millis(150),
+            "{:?}",
+            started.elapsed()
+        );
+        proxy.set_slicer(0, Duration::ZERO);
+        let (_, buf) = echo(open).await.unwrap();
+        assert_eq!(&buf, b"ping", "the same connection, whole again");
     }
 
     #[tokio::test]

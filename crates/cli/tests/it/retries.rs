@@ -331,3 +331,65 @@ async fn attempts_keep_to_the_backoff_within_its_jitter() {
     }
     println!("backoff: each attempt's lateness against the unjittered schedule (ms): {late_ms:?}");
 }
+
+/// A slow link to the destination (the fault proxy's `slicer`: every chunk passed on 16 bytes
+/// at a time, 20 ms after each, both ways, so a delivery's request takes over a second to
+/// arrive). Within the destination's timeout it is only slow: delivered on its first attempt,
+/// byte-exact. With a timeout shorter than the link needs, the attempt fails as "timed out"
+/// and is retried; once the link is quick again the event is delivered, with the same key
+/// and body on every copy that arrived (the cut attempt's bytes may still arrive whole through
+/// the slow link: an extra delivery the guard catches, printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_link_to_the_destination_is_slow_within_the_timeout_and_retried_past_it() {
+    for (timeout, whole_at_first) in [("10s", true), ("300ms", false)] {
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let (proxy, url) = crate::support::proxied(&handler.url(), 80).await;
+        proxy.set_slicer(16, Duration::from_millis(20));
+        let gw = Gateway::start_at(
+            url,
+            Options {
+                timeout,
+                max_attempts: 20,
+                ..Options::default()
+            },
+        )
+        .await;
+        let id = unique("evt_slow_link");
+        let body = crate::support::stripe_invoice_paid(&id, 5000);
+        let (status, _) = gw
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        assert_eq!(status, 200);
+        let key = format!("stripe:{id}");
+        if !whole_at_first {
+            crate::support::eventually("the first attempt times out", async || {
+                let rows = gw.deliveries("").await;
+                rows.iter().any(|r| {
+                    r["history"][0]["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("timed out after 300ms"))
+                })
+            })
+            .await;
+            proxy.set_slicer(0, Duration::ZERO);
+        }
+        let row = gw.wait_for_delivery_state(&key, "delivered").await;
+        let received = handler.received_for(&key);
+        assert!(!received.is_empty());
+        assert!(
+            received.iter().all(|r| r.body == body),
+            "byte-exact through the slow link"
+        );
+        if whole_at_first {
+            assert_eq!(row["attempts"], 1, "{row:#}");
+            assert_eq!(received.len(), 1);
+        } else {
+            let attempts = row["attempts"].as_u64().unwrap_or(0);
+            assert!(attempts >= 2, "{row:#}");
+            println!(
+                "slow link, timeout {timeout}: delivered on attempt {attempts}; the handler saw {} copies, one key",
+                received.len()
+            );
+        }
+    }
+}
