@@ -4,7 +4,10 @@
 //! With the `failpoints` feature (on only in the binary the tests build) a point named in the
 //! `FAILPOINTS` environment variable as `name=return` aborts the process there: no destructor,
 //! no flush, no answer. The ingest points ([`fallible`]) also take `name=return(error)`: the
-//! request then fails there as it would with the store away. The `fail` crate's own actions
+//! request then fails there as it would with the store away; and `name=return(pause:MS)`: the
+//! request waits there MS milliseconds at an await, where a provider hanging up drops it (the
+//! `fail` crate's `sleep` blocks the thread instead, so nothing is dropped during it). The
+//! `fail` crate's own actions
 //! work on every point too: `name=sleep(2000)` pauses it, and a count (`name=1*return`) fires
 //! it only that many times. Without the feature, the points compile to nothing and
 //! `FAILPOINTS` is not read.
@@ -68,16 +71,24 @@ pub fn abort() -> ! {
     std::process::abort()
 }
 
-/// A point that can fail as well as abort: `Err` with a message naming the point when
-/// `FAILPOINTS` names it as `name=return(error)`; aborts on `name=return` as [`point`] does.
+/// A point that can fail or pause as well as abort: `Err` with a message naming the point
+/// when `FAILPOINTS` names it as `name=return(error)`; `Ok(Some(pause))` for
+/// `name=return(pause:MS)`, which the caller waits out at an await; aborts on `name=return`
+/// as [`point`] does. `Ok(None)` otherwise (always, without the `failpoints` feature).
 #[inline]
 #[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
-pub fn fallible(name: &str) -> Result<(), String> {
-    fail::fail_point!(name, |action: Option<String>| match action.as_deref() {
-        Some("error") => Err(format!("a failure injected at {name}")),
-        _ => std::process::abort(),
+pub fn fallible(name: &str) -> Result<Option<std::time::Duration>, String> {
+    fail::fail_point!(name, |action: Option<String>| {
+        let action = action.unwrap_or_default();
+        if action == "error" {
+            return Err(format!("a failure injected at {name}"));
+        }
+        match action.strip_prefix("pause:").map(str::parse::<u64>) {
+            Some(Ok(ms)) => Ok(Some(std::time::Duration::from_millis(ms))),
+            _ => std::process::abort(),
+        }
     });
-    Ok(())
+    Ok(None)
 }
 
 /// Reads `FAILPOINTS` (with the `failpoints` feature; otherwise does nothing). Keep the
@@ -100,14 +111,20 @@ mod tests {
     #[test]
     fn a_fallible_point_fails_as_configured_and_only_as_often_as_its_count() {
         let scenario = fail::FailScenario::setup();
-        assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(()), "off by default");
+        assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(None), "off by default");
         fail::cfg(INGEST_BEFORE_COMMIT, "2*return(error)").unwrap();
         for _ in 0..2 {
             let err = fallible(INGEST_BEFORE_COMMIT).unwrap_err();
             assert!(err.contains(INGEST_BEFORE_COMMIT), "{err}");
         }
-        assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(()), "after its count");
-        assert_eq!(fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER), Ok(()));
+        assert_eq!(fallible(INGEST_BEFORE_COMMIT), Ok(None), "after its count");
+        assert_eq!(fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER), Ok(None));
+        fail::cfg(INGEST_AFTER_COMMIT_BEFORE_ANSWER, "1*return(pause:1500)").unwrap();
+        assert_eq!(
+            fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER),
+            Ok(Some(std::time::Duration::from_millis(1500)))
+        );
+        assert_eq!(fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER), Ok(None));
         scenario.teardown();
     }
 

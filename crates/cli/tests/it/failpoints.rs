@@ -13,7 +13,9 @@
 //! dead-letter is recorded, is made once more after the restart and then dead-lettered.
 //!
 //! Ingest's points also fail instead of aborting (`<point>=1*return(error)`, once): the
-//! provider hears 503 `store_unavailable`, never 2xx, and its retry lands the event once.
+//! provider hears 503 `store_unavailable`, never 2xx, and its retry lands the event once. And
+//! they pause (`<point>=1*return(pause:1500)`) while the provider hangs up: the request is
+//! dropped there, keeping nothing before the commit and everything after it.
 
 use hooklatch_core::crash;
 use serde_json::Value;
@@ -252,7 +254,6 @@ async fn ingest_failures(backend: &str, store_url: impl Fn() -> Option<String>) 
         )
         .await;
         let event_id = unique("evt_fail");
-        let key = format!("stripe:{event_id}");
         let body = stripe_invoice_paid(&event_id, 5000);
         let headers = stripe_headers(&body);
 
@@ -268,22 +269,129 @@ async fn ingest_failures(backend: &str, store_url: impl Fn() -> Option<String>) 
         } else {
             "duplicate"
         };
-        let (status, json) = gw.post("stripe", &headers, body.clone()).await;
-        assert_eq!(
-            (status, json["status"].as_str()),
-            (200, Some(retry_answer)),
-            "{point}: {json}"
-        );
-        gw.wait_for_delivery_state(&key, "delivered").await;
-        assert_eq!(gw.deliveries_for(&key).await.len(), 1, "{point}");
-        assert_eq!(handler.count_for(&key), 1, "{point}: delivered once");
+        the_retry_lands_once(&gw, &handler, point, (&headers, &body), retry_answer).await;
         card.fault(&format!("{point}_error"), 1);
     }
+    one_retry_each(&mut card);
+}
+
+/// The provider's retry of `request` after a fault at `point` is answered 200 `answer`, and
+/// the event is delivered once, with one outbox row.
+async fn the_retry_lands_once(
+    gw: &Gateway,
+    handler: &Handler,
+    point: &str,
+    (headers, body): (&[(String, String)], &[u8]),
+    answer: &str,
+) {
+    let (status, json) = gw.post("stripe", headers, body.to_vec()).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some(answer)),
+        "{point}: {json}"
+    );
+    let id = serde_json::from_slice::<Value>(body).expect("a JSON body")["id"]
+        .as_str()
+        .expect("an event id")
+        .to_owned();
+    let key = format!("stripe:{id}");
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(gw.deliveries_for(&key).await.len(), 1, "{point}");
+    assert_eq!(handler.count_for(&key), 1, "{point}: delivered once");
+}
+
+/// The card of a test that sent each fallible point's event twice, the retry landing once.
+fn one_retry_each(card: &mut crate::report::Card) {
     let n = crash::FALLIBLE_POINTS.len();
     card.count("ops", 2 * n)
         .count("acked", n)
         .count("lost", 0)
         .count("duplicates", 0);
+}
+
+/// How long an ingest point pauses in [`hang_ups_at_paused_points`]; its provider gives up
+/// after [`GIVES_UP_AFTER`].
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(1500);
+const GIVES_UP_AFTER: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// Each of ingest's points paused once (`<point>=1*return(pause:1500)`) while its provider
+/// hangs up after 300 ms, on a fresh gateway whose store `store_url` gives: the request is
+/// dropped at that await, as any request whose client hangs up. Before the commit, nothing
+/// of it is kept (no history record, no claim) and the provider's retry is `accepted`; after
+/// the commit, the event is kept and the retry is a `duplicate`. Either way the event is
+/// delivered once, with one outbox row: T3b's hang-ups, at a named line instead of a drawn
+/// moment.
+async fn hang_ups_at_paused_points(backend: &str, store_url: impl Fn() -> Option<String>) {
+    let mut card = crate::report::Card::new("T3", backend);
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(GIVES_UP_AFTER)
+        .build()
+        .expect("an HTTP client");
+    for &point in crash::FALLIBLE_POINTS {
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let gw = Gateway::start_with(
+            &handler,
+            Options {
+                store_url: store_url(),
+                extra_env: vec![(
+                    "FAILPOINTS".to_owned(),
+                    format!("{point}=1*return(pause:{})", PAUSE.as_millis()),
+                )],
+                ..Options::default()
+            },
+        )
+        .await;
+        let event_id = unique("evt_pause");
+        let body = stripe_invoice_paid(&event_id, 5000);
+        let headers = stripe_headers(&body);
+        let mut request = impatient
+            .post(format!("http://{}/in/stripe", gw.ingest().addr()))
+            .body(body.clone());
+        for (name, value) in &headers {
+            request = request.header(name.as_str(), value.as_str());
+        }
+        let sent = request.send().await;
+        assert!(
+            sent.as_ref().is_err_and(reqwest::Error::is_timeout),
+            "{point}: the provider gave up waiting: {sent:?}"
+        );
+        // Pacing, not a wait for a condition: the pause's own length, after which a request
+        // that was not dropped would have gone on.
+        tokio::time::sleep(PAUSE + std::time::Duration::from_millis(500)).await;
+        let kept = gw.requests(&format!("key={event_id}")).await;
+        let retry_answer = if point == crash::INGEST_BEFORE_COMMIT {
+            assert!(
+                kept.is_empty(),
+                "{point}: dropped before its commit: {kept:#?}"
+            );
+            "accepted"
+        } else {
+            assert_eq!(
+                kept.len(),
+                1,
+                "{point}: committed before the pause: {kept:#?}"
+            );
+            "duplicate"
+        };
+        the_retry_lands_once(&gw, &handler, point, (&headers, &body), retry_answer).await;
+        card.fault(&format!("{point}_pause_hang_up"), 1);
+    }
+    one_retry_each(&mut card);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_hanging_up_while_a_point_pauses_loses_nothing_sqlite() {
+    hang_ups_at_paused_points("sqlite", || None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_hanging_up_while_a_point_pauses_loses_nothing_postgres() {
+    let Some(databases) = FreshDatabases::create(crash::FALLIBLE_POINTS.len()).await else {
+        return;
+    };
+    hang_ups_at_paused_points("postgres", || databases.next_url()).await;
+    databases.drop_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -303,7 +303,8 @@ async fn accept(
     ingest.lease = reservation.as_ref().map(|r| r.lease.clone());
     let handed_off = reservation.is_some();
     // Test builds only: a failure injected here is answered as the store being away.
-    let injected = crash::fallible(crash::INGEST_BEFORE_COMMIT)
+    let injected = injected_at(crash::INGEST_BEFORE_COMMIT)
+        .await
         .map_err(|injected| Refused::Store(StoreError::Unavailable(injected)));
     let result = match (injected, &state.keys, reservation) {
         (Err(refused), _, _) => Err(refused),
@@ -332,11 +333,13 @@ async fn accept(
             })
         }
     };
-    let result = result.and_then(|outcome| {
-        crash::fallible(crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER)
+    let result = match result {
+        Ok(outcome) => injected_at(crash::INGEST_AFTER_COMMIT_BEFORE_ANSWER)
+            .await
             .map(|()| outcome)
-            .map_err(|injected| Refused::Store(StoreError::Unavailable(injected)))
-    });
+            .map_err(|injected| Refused::Store(StoreError::Unavailable(injected))),
+        Err(refused) => Err(refused),
+    };
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(Refused::Store(err)) => {
@@ -478,6 +481,16 @@ enum Refused {
 /// Redis mode: claims the keys in the key store, writes the request and the new events'
 /// deliveries to the store as the key store decided, then marks the claimed keys done for the
 /// source's retention (or gives them back if the store failed).
+/// A fallible crash point (test builds only, [`crash::fallible`]): `Err` when it injects a
+/// failure, after the pause it injects if any, waited out at an await, where a provider
+/// hanging up drops the request as it would anywhere else.
+async fn injected_at(point: &'static str) -> Result<(), String> {
+    if let Some(pause) = crash::fallible(point)? {
+        tokio::time::sleep(pause).await;
+    }
+    Ok(())
+}
+
 async fn ingest_with_keys(
     store: Arc<dyn Store>,
     keys: ExternalKeys,
