@@ -307,20 +307,26 @@ async fn a_claim_held_past_the_wait_limit_is_503_never_2xx_then_the_retry_lands(
     db.drop_now().await;
 }
 
+/// A fresh database, a handler answering 200, and a gateway on that database with `options`
+/// (its `store_url` set to it); `None` where the PostgreSQL tests do not run.
+pub(crate) async fn gateway_on_fresh_database(
+    options: Options,
+) -> Option<(Database, Handler, Gateway)> {
+    let db = Database::create(&unique("hooklatch_e2e")).await?;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let options = Options {
+        store_url: Some(db.url()),
+        ..options
+    };
+    let gateway = Gateway::start_with(&handler, options).await;
+    Some((db, handler, gateway))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uncommitted_claim_elsewhere_makes_the_gateway_wait_then_answer() {
-    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+    let Some((db, _handler, gateway)) = gateway_on_fresh_database(Options::default()).await else {
         return;
     };
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let gateway = Gateway::start_with(
-        &handler,
-        Options {
-            store_url: Some(db.url()),
-            ..Options::default()
-        },
-    )
-    .await;
     for (finish, expected) in [("COMMIT", "duplicate"), ("ROLLBACK", "accepted")] {
         let id = unique("evt_pg_wait");
         let body = stripe_invoice_paid(&id, 5000);

@@ -694,3 +694,100 @@ async fn a_forgery_reads_and_writes_no_key_and_no_outbox_row() {
         println!("{mode}: {stale} late replays of claimed events, each one history record");
     }
 }
+
+/// T16 on a real PostgreSQL, cross-checked by the server's own counters: a `serve` on a fresh
+/// database takes every provider's forgeries, then its genuine events. Once
+/// `pg_stat_user_tables` counts every request's history row (the server publishes a session's
+/// counts some time after it goes idle: the check waits for them), the claims, deliveries and
+/// request keys tables have exactly the genuine events' rows inserted, not one more: each
+/// forgery wrote its history record and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forgeries_insert_nothing_but_their_history_rows_by_postgres_own_count() {
+    use sqlx::Connection;
+    let Some((db, _handler, gateway)) = crate::postgres::gateway_on_fresh_database(options()).await
+    else {
+        return;
+    };
+    let ingest = gateway.ingest();
+    let base = format!("http://{}", ingest.addr());
+    let (mut forged, mut genuine, mut events) = (0i64, 0i64, 0i64);
+    let mut sent = Vec::new();
+    for (provider, source, secret, _) in SOURCES {
+        let secret = Secret::from_text(secret);
+        let url = format!("{base}/in/{source}");
+        for (_, name) in fixtures::catalog().filter(|(p, _)| p == provider) {
+            let id = unique("pgstat");
+            let now = Timestamp::now();
+            for (kind, headers, body) in forgeries(provider, name, &id, &secret, &url, now) {
+                let (status, answer) = ingest.post(source, &headers, body).await;
+                assert_eq!(status, 401, "{provider}/{name} {kind}: {answer}");
+                forged += 1;
+            }
+            let event = fixtures::build(provider, Some(name), Some(&id), &secret, &url, now)
+                .expect("a test event");
+            sent.push((*source, event));
+            events += if name == "batch" { 5 } else { 1 };
+        }
+    }
+    for (source, event) in &sent {
+        let (status, answer) = ingest
+            .post(source, &event.headers, event.body.clone())
+            .await;
+        assert_eq!(status, 200, "{source}: {answer}");
+        genuine += 1;
+    }
+
+    let mut conn = sqlx::PgConnection::connect(&db.url())
+        .await
+        .expect("a session on the test database");
+    let inserted = async |conn: &mut sqlx::PgConnection, table: &str| -> i64 {
+        sqlx::query_scalar(
+            "SELECT COALESCE(SUM(n_tup_ins), 0)::bigint FROM pg_stat_user_tables WHERE relname = $1",
+        )
+        .bind(table)
+        .fetch_one(conn)
+        .await
+        .expect("reading pg_stat_user_tables")
+    };
+    let started = std::time::Instant::now();
+    loop {
+        // A fresh snapshot of the counters each time round.
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(&mut conn)
+            .await
+            .expect("clearing the stats snapshot");
+        let requests = inserted(&mut conn, "requests").await;
+        if requests == forged + genuine {
+            break;
+        }
+        assert!(
+            requests < forged + genuine,
+            "{requests} history rows for {forged} forgeries and {genuine} genuine requests"
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "the server counted {requests} of {} history rows within 60 s",
+            forged + genuine
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    for table in ["claims", "deliveries"] {
+        assert_eq!(
+            inserted(&mut conn, table).await,
+            events,
+            "{table}: rows inserted for {events} genuine events and {forged} forgeries"
+        );
+    }
+    assert_eq!(
+        inserted(&mut conn, "request_keys").await,
+        0,
+        "no request keys for first copies (and none for forgeries)"
+    );
+    println!(
+        "pg_stat_user_tables: {forged} forgeries and {genuine} genuine requests: requests +{}, claims +{events}, deliveries +{events}",
+        forged + genuine
+    );
+    drop(conn);
+    drop(gateway);
+    db.drop_now().await;
+}
