@@ -10,7 +10,7 @@
 //! Needs `HOOKLATCH_TEST_POSTGRES_URL` (a user that may create databases); each test makes a
 //! database of its own and drops it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -578,4 +578,121 @@ async fn a_test_database_dropped_without_drop_now_is_dropped_on_the_server() {
     assert!(exists().await);
     drop(db);
     assert!(!exists().await, "dropped with the value");
+}
+
+/// How long the T13 handler holds each delivery before answering 200.
+const HOLD_MS: u64 = 50;
+
+/// T13: three instances on one database, four delivery workers each, 2,000 rows queued at
+/// once (`HOOKLATCH_SCALE` times more in the soak tier); while they drain, one instance is
+/// killed -9, another stopped with SIGTERM, a third killed -9, each started again at once.
+/// Every row ends delivered, nothing pending; a killed instance's rows are taken over once its
+/// leases run out (twice the 1 s destination timeout plus 10 s), a stopped one's at once; and
+/// no row is ever under two live leases: no event reaches the handler while another delivery
+/// of it is still being answered (each is held 50 ms). Repeated deliveries are counted: only
+/// the attempts a kill cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_drain_2000_rows_through_two_kills_and_a_sigterm() {
+    let mut card = crate::report::Card::new("T13", "postgres");
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::SlowOk(HOLD_MS)).await;
+    let mut gateways = Vec::new();
+    for _ in 0..3 {
+        let options = Options {
+            store_url: Some(db.url()),
+            timeout: "1s",
+            extra_env: vec![("HOOKLATCH_DELIVERY__CONCURRENCY".to_owned(), "4".to_owned())],
+            ..Options::default()
+        };
+        gateways.push(Gateway::start_with(&handler, options).await);
+    }
+    let rows = crate::report::scaled(2_000);
+    let ids: Vec<String> = (0..rows)
+        .map(|i| format!("{}_{i:05}", unique("evt_t13")))
+        .collect();
+    // Queued through all three; 16 senders, so the backlog is there before it is drained.
+    let ingests: Vec<Ingest> = gateways.iter().map(Gateway::ingest).collect();
+    let mut senders = tokio::task::JoinSet::new();
+    for (n, chunk) in ids.chunks(rows.div_ceil(16)).enumerate() {
+        let (ingest, chunk) = (ingests[n % 3].clone(), chunk.to_vec());
+        senders.spawn(async move {
+            for id in chunk {
+                let body = stripe_invoice_paid(&id, 5000);
+                let (status, json) = ingest.post("stripe", &stripe_headers(&body), body).await;
+                assert_eq!(status, 200, "{id}: {json}");
+            }
+        });
+    }
+    senders.join_all().await;
+
+    // The stops, at a quarter, a half and three quarters of the rows delivered.
+    for (i, (instance, sigterm)) in [(0, false), (1, true), (2, false)].into_iter().enumerate() {
+        let at = rows * (i + 1) / 4;
+        crate::support::wait_until_within(
+            "the deliveries before the next stop",
+            Duration::from_secs(120),
+            || handler.distinct_keys().len() >= at,
+        )
+        .await;
+        let gw = &mut gateways[instance];
+        if sigterm {
+            gw.sigterm();
+            assert!(gw.wait_exit().await.success(), "SIGTERM ends serve cleanly");
+        } else {
+            gw.kill9();
+        }
+        gw.restart().await;
+    }
+    let all: HashSet<String> = ids.iter().map(|id| format!("stripe:{id}")).collect();
+    crate::support::wait_until_within(
+        "every row delivered, the killed instances' after their leases ran out",
+        Duration::from_secs(120),
+        || handler.distinct_keys() == all,
+    )
+    .await;
+    eventually_within("nothing pending", Duration::from_secs(60), async || {
+        gateways[0].deliveries("state=pending").await.is_empty()
+    })
+    .await;
+
+    // Never two live leases on one row: a second delivery of an event only after the first
+    // was answered.
+    let received = handler.received();
+    let mut by_key: HashMap<String, Vec<std::time::Instant>> = HashMap::new();
+    for r in &received {
+        by_key
+            .entry(r.key.clone().unwrap_or_default())
+            .or_default()
+            .push(r.at);
+    }
+    let mut repeated = 0;
+    for (key, mut arrivals) in by_key {
+        arrivals.sort();
+        repeated += arrivals.len() - 1;
+        for pair in arrivals.windows(2) {
+            let gap = pair[1].duration_since(pair[0]);
+            assert!(
+                gap >= Duration::from_millis(HOLD_MS),
+                "{key}: a second delivery {gap:?} after the first, which was held {HOLD_MS} ms"
+            );
+        }
+    }
+    // A kill repeats only the attempts it cut: at most two leases per delivery task of the
+    // killed instance (an attempt being recorded carries its task's next lease), 4 tasks.
+    assert!(
+        repeated <= 2 * 2 * 4,
+        "{repeated} repeated deliveries for 2 kills"
+    );
+    card.count("ops", rows)
+        .count("acked", rows)
+        .count("lost", 0)
+        .count("duplicates", repeated)
+        .fault("kill9", 2)
+        .fault("sigterm", 1)
+        .figure("overlapping_leases", 0);
+    println!("T13: {rows} rows on 3 instances × 4 workers, 2 kills and a SIGTERM: 0 lost, {repeated} repeated deliveries, no overlapping lease");
+    drop(gateways);
+    db.drop_now().await;
 }
