@@ -221,6 +221,13 @@ pub struct AmqpSettings {
     pub queue: Option<String>,
     /// With `queue`: a quorum queue.
     pub quorum: bool,
+    /// With `queue`: its `x-max-length`, publishes past it refused and retried
+    /// (`x-overflow: reject-publish`).
+    pub max_length: Option<u32>,
+    /// With `quorum`: its `x-delivery-limit`.
+    pub delivery_limit: Option<u32>,
+    /// With `queue`: its `x-dead-letter-exchange` (at-least-once on a quorum queue).
+    pub dead_letter_exchange: Option<String>,
 }
 
 impl AmqpSettings {
@@ -250,6 +257,9 @@ impl std::fmt::Debug for AmqpSettings {
             .field("declare", &self.declare)
             .field("queue", &self.queue)
             .field("quorum", &self.quorum)
+            .field("max_length", &self.max_length)
+            .field("delivery_limit", &self.delivery_limit)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
             .finish()
     }
 }
@@ -344,6 +354,9 @@ struct RawDestination {
     declare: Option<bool>,
     queue: Option<String>,
     quorum: Option<bool>,
+    max_length: Option<i64>,
+    delivery_limit: Option<i64>,
+    dead_letter_exchange: Option<String>,
     timeout: Option<Value>,
     max_attempts: Option<i64>,
     initial_backoff: Option<Value>,
@@ -354,7 +367,7 @@ struct RawDestination {
 }
 
 /// The keys only an `amqp` destination takes, and whether `rd` sets each.
-fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 6] {
+fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 9] {
     [
         ("amqp_fallback", rd.amqp_fallback.is_some()),
         ("exchange", rd.exchange.is_some()),
@@ -362,7 +375,22 @@ fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 6] {
         ("declare", rd.declare.is_some()),
         ("queue", rd.queue.is_some()),
         ("quorum", rd.quorum.is_some()),
+        ("max_length", rd.max_length.is_some()),
+        ("delivery_limit", rd.delivery_limit.is_some()),
+        ("dead_letter_exchange", rd.dead_letter_exchange.is_some()),
     ]
+}
+
+/// An optional count of the declared queue's at `field`, checked: 1 to 2³¹ − 1.
+fn queue_count(field: String, value: Option<i64>) -> Result<Option<u32>, ConfigError> {
+    value
+        .map(|n| {
+            u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=i32::MAX as u32).contains(n))
+                .ok_or_else(|| err(field, format!("{n}: expected 1 to {}", i32::MAX)))
+        })
+        .transpose()
 }
 
 /// A destination's optional Standard Webhooks signing `secret`, checked.
@@ -541,6 +569,25 @@ fn destination_kind(
             if rd.quorum.is_some() && rd.queue.is_none() {
                 return Err(err(format!("{key}.quorum"), "applies only with queue"));
             }
+            for (name, set) in [
+                ("max_length", rd.max_length.is_some()),
+                ("dead_letter_exchange", rd.dead_letter_exchange.is_some()),
+            ] {
+                if set && rd.queue.is_none() {
+                    return Err(err(format!("{key}.{name}"), "applies only with queue"));
+                }
+            }
+            if rd.delivery_limit.is_some() && rd.quorum != Some(true) {
+                return Err(err(
+                    format!("{key}.delivery_limit"),
+                    "applies only with quorum = true",
+                ));
+            }
+            if rd.dead_letter_exchange.as_deref() == Some("") {
+                return Err(err(format!("{key}.dead_letter_exchange"), "is empty"));
+            }
+            let max_length = queue_count(format!("{key}.max_length"), rd.max_length)?;
+            let delivery_limit = queue_count(format!("{key}.delivery_limit"), rd.delivery_limit)?;
             if declare && exchange.is_empty() && rd.queue.is_none() {
                 return Err(err(
                     format!("{key}.declare"),
@@ -555,6 +602,9 @@ fn destination_kind(
                 declare,
                 queue: rd.queue.clone(),
                 quorum: rd.quorum.unwrap_or(false),
+                max_length,
+                delivery_limit,
+                dead_letter_exchange: rd.dead_letter_exchange.clone(),
             }))
         }
     }
@@ -1703,7 +1753,7 @@ tolerance = "30s"
             ("MQ_URL", "amqp://guest:pa55word@127.0.0.1:5672/%2f"),
         ]);
         let s = load_str(
-            &amqp("exchange = \"payments\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"q\"\nquorum = true\nmax_attempts = 3"),
+            &amqp("exchange = \"payments\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"q\"\nquorum = true\nmax_attempts = 3\nmax_length = 100000\ndelivery_limit = 5\ndead_letter_exchange = \"payments.dead\""),
             &e,
         )
         .unwrap();
@@ -1718,6 +1768,14 @@ tolerance = "30s"
         );
         assert!(a.declare && a.quorum);
         assert_eq!(a.queue.as_deref(), Some("q"));
+        assert_eq!(
+            (
+                a.max_length,
+                a.delivery_limit,
+                a.dead_letter_exchange.as_deref()
+            ),
+            (Some(100_000), Some(5), Some("payments.dead"))
+        );
         assert_eq!(a.redacted_url(), "amqp://guest:***@127.0.0.1:5672/%2f");
         assert!(!format!("{d:?}").contains("pa55word"));
         // The default exchange is allowed.
@@ -1747,6 +1805,35 @@ tolerance = "30s"
         check(
             &amqp("exchange = \"x\"\nrouting_key = \"k\"\nquorum = true"),
             "destinations[0].quorum: applies only with queue",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\nmax_length = 5"),
+            "destinations[0].max_length: applies only with queue",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\ndead_letter_exchange = \"dlx\""),
+            "destinations[0].dead_letter_exchange: applies only with queue",
+        );
+        let queue = "exchange = \"x\"\nrouting_key = \"k\"\ndeclare = true\nqueue = \"q\"";
+        check(
+            &amqp(&format!("{queue}\ndelivery_limit = 3")),
+            "destinations[0].delivery_limit: applies only with quorum = true",
+        );
+        check(
+            &amqp(&format!("{queue}\nmax_length = 0")),
+            "destinations[0].max_length: 0: expected 1 to 2147483647",
+        );
+        check(
+            &amqp(&format!("{queue}\nquorum = true\ndelivery_limit = -1")),
+            "destinations[0].delivery_limit: -1: expected 1 to 2147483647",
+        );
+        check(
+            &amqp(&format!("{queue}\ndead_letter_exchange = \"\"")),
+            "destinations[0].dead_letter_exchange: is empty",
+        );
+        check(
+            &EXAMPLE.replace("/webhooks/stripe\"", "/webhooks/stripe\"\nmax_length = 5"),
+            "destinations[0].max_length: applies only to amqp destinations",
         );
         check(
             &amqp("exchange = \"x\"\nrouting_key = \"k\"\nsecret = \"s\""),

@@ -329,6 +329,9 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
                 cfg.declare = a.declare;
                 cfg.queue = a.queue.clone();
                 cfg.quorum = a.quorum;
+                cfg.max_length = a.max_length;
+                cfg.delivery_limit = a.delivery_limit;
+                cfg.dead_letter_exchange = a.dead_letter_exchange.clone();
                 cfg.timeout = d.timeout;
                 Some((
                     d.name.clone(),

@@ -56,6 +56,20 @@ pub struct PublisherConfig {
     pub queue: Option<String>,
     /// With `queue`: declare it as a quorum queue (`x-queue-type: quorum`), replicated.
     pub quorum: bool,
+    /// With `queue`: at most this many messages in it (`x-max-length`). A publish past it is
+    /// refused (`x-overflow: reject-publish`: a `basic.nack`, so the delivery is retried),
+    /// never an older message dropped, which RabbitMQ's default (`drop-head`) would do after
+    /// confirming it.
+    pub max_length: Option<u32>,
+    /// With `quorum`: how many times a message may be handed to consumers
+    /// (`x-delivery-limit`) before it is dead-lettered, or dropped without
+    /// [`PublisherConfig::dead_letter_exchange`].
+    pub delivery_limit: Option<u32>,
+    /// With `queue`: where messages consumers reject, or past `delivery_limit`, go
+    /// (`x-dead-letter-exchange`); on a quorum queue with `x-dead-letter-strategy:
+    /// at-least-once` (and `x-overflow: reject-publish`, which that needs), so none is lost on
+    /// the way.
+    pub dead_letter_exchange: Option<String>,
     /// Publish with the `mandatory` flag, so unroutable messages come back and fail. Always
     /// `true` in the gateway; `false` exists only to demonstrate (in tests) that the broker
     /// then confirms a message it dropped.
@@ -85,6 +99,9 @@ impl std::fmt::Debug for PublisherConfig {
             .field("declare", &self.declare)
             .field("queue", &self.queue)
             .field("quorum", &self.quorum)
+            .field("max_length", &self.max_length)
+            .field("delivery_limit", &self.delivery_limit)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
             .field("mandatory", &self.mandatory)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
@@ -107,6 +124,9 @@ impl PublisherConfig {
             declare: false,
             queue: None,
             quorum: false,
+            max_length: None,
+            delivery_limit: None,
+            dead_letter_exchange: None,
             mandatory: true,
             timeout: Duration::from_secs(30),
             initial_backoff: Duration::from_millis(100),
@@ -178,6 +198,42 @@ struct State {
     failures: u32,
     retry_at: Option<Instant>,
     in_doubt: bool,
+}
+
+/// The arguments a declared queue gets from `c` (`x-queue-type`, its limits, where its dead
+/// letters go).
+fn queue_arguments(c: &PublisherConfig) -> FieldTable {
+    let text = |v: &str| AMQPValue::LongString(LongString::from(v));
+    let mut args = FieldTable::default();
+    if c.quorum {
+        args.insert(ShortString::from("x-queue-type"), text("quorum"));
+    }
+    if let Some(n) = c.max_length {
+        args.insert(
+            ShortString::from("x-max-length"),
+            AMQPValue::LongLongInt(n.into()),
+        );
+    }
+    if let Some(n) = c.delivery_limit {
+        args.insert(
+            ShortString::from("x-delivery-limit"),
+            AMQPValue::LongLongInt(n.into()),
+        );
+    }
+    if let Some(exchange) = &c.dead_letter_exchange {
+        args.insert(ShortString::from("x-dead-letter-exchange"), text(exchange));
+        if c.quorum {
+            args.insert(
+                ShortString::from("x-dead-letter-strategy"),
+                text("at-least-once"),
+            );
+        }
+    }
+    let at_least_once = c.quorum && c.dead_letter_exchange.is_some();
+    if c.max_length.is_some() || at_least_once {
+        args.insert(ShortString::from("x-overflow"), text("reject-publish"));
+    }
+    args
 }
 
 /// Publishes to one exchange over one connection and one confirm-mode channel, reconnecting
@@ -363,13 +419,7 @@ impl Publisher {
                         .await?;
                 }
                 if let Some(queue) = &c.queue {
-                    let mut args = FieldTable::default();
-                    if c.quorum {
-                        args.insert(
-                            ShortString::from("x-queue-type"),
-                            AMQPValue::LongString(LongString::from("quorum")),
-                        );
-                    }
+                    let args = queue_arguments(c);
                     channel
                         .queue_declare(
                             queue,
@@ -472,4 +522,62 @@ fn properties(msg: &Message<'_>) -> BasicProperties {
         props = props.with_content_type(ShortString::from(content_type));
     }
     props
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arguments(c: &PublisherConfig) -> Vec<(String, String)> {
+        let mut args: Vec<(String, String)> = queue_arguments(c)
+            .inner()
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    AMQPValue::LongString(text) => {
+                        String::from_utf8_lossy(text.as_bytes()).into_owned()
+                    }
+                    AMQPValue::LongLongInt(n) => n.to_string(),
+                    other => format!("{other:?}"),
+                };
+                (k.to_string(), v)
+            })
+            .collect();
+        args.sort();
+        args
+    }
+
+    #[test]
+    fn a_limited_queue_refuses_publishes_and_a_quorum_dead_letter_is_at_least_once() {
+        let mut c = PublisherConfig::new("amqp://h", "x", "k");
+        c.queue = Some("q".to_owned());
+        assert!(arguments(&c).is_empty(), "a plain classic queue");
+        c.max_length = Some(3);
+        let names: Vec<String> = arguments(&c).into_iter().map(|(k, _)| k).collect();
+        assert_eq!(names, ["x-max-length", "x-overflow"]);
+        assert!(format!("{:?}", arguments(&c)).contains("reject-publish"));
+
+        c.max_length = None;
+        c.quorum = true;
+        c.delivery_limit = Some(5);
+        c.dead_letter_exchange = Some("dead".to_owned());
+        let args = format!("{:?}", arguments(&c));
+        for expected in [
+            "x-delivery-limit",
+            "x-dead-letter-exchange",
+            "at-least-once",
+            "reject-publish",
+            "quorum",
+        ] {
+            assert!(args.contains(expected), "{expected} in {args}");
+        }
+        // A classic queue has no dead-letter strategy, and needs no overflow for one.
+        c.quorum = false;
+        c.delivery_limit = None;
+        let args = format!("{:?}", arguments(&c));
+        assert!(
+            !args.contains("at-least-once") && !args.contains("x-overflow"),
+            "{args}"
+        );
+    }
 }
