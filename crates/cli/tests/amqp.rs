@@ -233,22 +233,11 @@ async fn redis_keys_and_a_rabbitmq_destination_make_one_message_per_event_under_
     expected.sort();
     assert_eq!(published, expected, "one message per event, keyed by it");
 
-    let client = redis::Client::open(redis_url.as_str()).expect("a Redis URL");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connecting to Redis");
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query_async(&mut conn)
-        .await
-        .expect("KEYS");
-    assert_eq!(keys.len(), ids.len(), "one Redis key per event");
-    let _: () = redis::cmd("DEL")
-        .arg(&keys)
-        .query_async(&mut conn)
-        .await
-        .expect("DEL");
+    assert_eq!(
+        support::delete_redis_keys(&redis_url, &prefix).await,
+        ids.len(),
+        "one Redis key per event"
+    );
     card.count("ops", ids.len() * 32)
         .count("acked", ids.len())
         .count("duplicates", 0)

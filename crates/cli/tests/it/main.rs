@@ -34,6 +34,7 @@ mod redis;
 mod rejections;
 mod retries;
 mod rotation;
+mod scoping;
 mod seed;
 mod shutdown;
 mod store_full;

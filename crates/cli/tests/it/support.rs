@@ -1587,3 +1587,26 @@ pub fn hooklatch(args: &[&str], admin: &str) -> String {
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Deletes every key under `prefix` on the Redis at `url` (what a test wrote there); how many
+/// there were.
+pub async fn delete_redis_keys(url: &str, prefix: &str) -> usize {
+    let mut conn = redis::Client::open(url)
+        .expect("a Redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connecting to Redis");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL")
+            .arg(&keys)
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+    keys.len()
+}
