@@ -23,6 +23,10 @@ use crate::support::{
 };
 
 const EVENTS: usize = 1000;
+/// The burst with several stops: RELIABILITY.md's CI size for T4.
+const BURST_EVENTS: usize = 20_000;
+/// Its stops, kill -9 and SIGTERM in turn.
+const BURST_STOPS: usize = 10;
 const SENDERS: usize = 16;
 /// The kill comes after this many acknowledgements, drawn from the card's seed.
 const KILL_AFTER_ACKS: std::ops::Range<usize> = 100..700;
@@ -277,12 +281,12 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
         .figure("extra_deliveries_per_crash", 1);
 }
 
-/// T4 with several stops in one run: 1,000 events from 16 senders that retry as a provider
+/// T4 with several stops in one run: 20,000 events from 16 senders that retry as a provider
 /// does (an answer a stop cut off, or a refused connection while the gateway is down, is sent
 /// again 20 ms later), and every tenth event sent once more after its acknowledgement, as a
-/// provider does that missed it. The gateway is stopped and restarted on the same file four
+/// provider does that missed it. The gateway is stopped and restarted on the same file ten
 /// times (`HOOKLATCH_SCALE` times more in the soak tier), at points of the acknowledgement count
-/// drawn from the card's seed: kill -9, SIGTERM, kill -9, SIGTERM. Every event ends
+/// drawn from the card's seed: kill -9 and SIGTERM in turn. Every event ends
 /// acknowledged — `accepted`, or `duplicate` when a stop cut the answer to a committed request
 /// — every second send is a `duplicate`, and every event is forwarded, with one outbox row
 /// each: lost = 0; repeated deliveries are counted, and only a kill -9 may cause them.
@@ -290,8 +294,8 @@ async fn a_gateway_killed_after_the_handler_did_the_work_delivers_again_once_wit
 async fn every_event_survives_kills_and_sigterms_in_one_burst() {
     let mut card = crate::report::Card::new("T4", "sqlite");
     let seed = card.seed();
-    let events = crate::report::scaled(EVENTS);
-    let stops = crate::report::scaled(4);
+    let events = crate::report::scaled(BURST_EVENTS);
+    let stops = crate::report::scaled(BURST_STOPS);
     let kills = stops.div_ceil(2);
     // Stop `i` comes after about (i + 1) / (stops + 1) of the events are acknowledged, a little
     // earlier by a draw from the seed; even stops are kill -9, odd ones SIGTERM.
