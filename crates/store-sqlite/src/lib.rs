@@ -241,7 +241,10 @@ impl SqliteStore {
     }
 
     fn set_ingest_full(&self, full: bool) {
-        if self.ingest_full.swap(full, Ordering::AcqRel) != full {
+        // A plain read first: on ingest's path the state almost never changes.
+        if self.ingest_full.load(Ordering::Acquire) != full
+            && self.ingest_full.swap(full, Ordering::AcqRel) != full
+        {
             metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
             if full {
                 tracing::warn!(

@@ -29,7 +29,8 @@ pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
     }
     match state.store.ping().await {
         Ok(()) => {}
-        // Said once by the store when it fills and when it has room again.
+        // Not logged here, on every check: the store logs once when it fills, and once when
+        // it has room again.
         Err(StoreError::Full) => return not_ready("store full"),
         Err(err) => {
             tracing::warn!(%err, "readiness check: store failed");

@@ -478,9 +478,6 @@ enum Refused {
     KeyStore(KeyStoreError, Box<RequestRecord>),
 }
 
-/// Redis mode: claims the keys in the key store, writes the request and the new events'
-/// deliveries to the store as the key store decided, then marks the claimed keys done for the
-/// source's retention (or gives them back if the store failed).
 /// A fallible crash point (test builds only, [`crash::fallible`]): `Err` when it injects a
 /// failure, after the pause it injects if any, waited out at an await, where a provider
 /// hanging up drops the request as it would anywhere else.
@@ -491,6 +488,9 @@ async fn injected_at(point: &'static str) -> Result<(), String> {
     Ok(())
 }
 
+/// Redis mode: claims the keys in the key store, writes the request and the new events'
+/// deliveries to the store as the key store decided, then marks the claimed keys done for the
+/// source's retention (or gives them back if the store failed).
 async fn ingest_with_keys(
     store: Arc<dyn Store>,
     keys: ExternalKeys,
