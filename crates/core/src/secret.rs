@@ -41,7 +41,24 @@ impl std::fmt::Debug for Secret {
     }
 }
 
-/// An HMAC-SHA256 value. Deliberately without `PartialEq`: compare with [`Mac256::matches`].
+/// An HMAC-SHA256 value. Deliberately without `PartialEq`: compare with [`Mac256::matches`],
+/// which takes the same time wherever the bytes first differ:
+///
+/// ```
+/// use hooklatch_core::secret::Mac256;
+/// let mac = Mac256::compute(b"key", &[b"body"]);
+/// assert!(!mac.matches(&[0u8; 32]));
+/// let received = hex::decode(Mac256::compute(b"key", &[b"body"]).to_hex()).unwrap();
+/// assert!(mac.matches(&received));
+/// ```
+///
+/// An early-exit `==` between two of them does not compile (RELIABILITY.md T18):
+///
+/// ```compile_fail,E0369
+/// use hooklatch_core::secret::Mac256;
+/// let mac = Mac256::compute(b"key", &[b"body"]);
+/// assert!(mac == Mac256::compute(b"key", &[b"body"]));
+/// ```
 pub struct Mac256([u8; 32]);
 
 impl Mac256 {
