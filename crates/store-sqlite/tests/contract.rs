@@ -1,22 +1,26 @@
 //! T7, the idempotency contract, property-based: random sequences of provider sends (two
 //! sources, four event ids, three bodies), deliberate redeliveries, conflict dismissals and
-//! worker drains, run against the SQLite store (a new file per case) and the in-memory store,
-//! and checked after every step against a model of what the contract says.
+//! worker drains, clock moves past the keys' retention and purges, run against the SQLite
+//! store (a new file per case) and the in-memory store, and checked after every step against
+//! a model of what the contract says.
 //!
 //! The model: the first body of a (source, key) is accepted and queues one delivery per
 //! destination under `{source}:{key}`; the same body again is a duplicate and the first
 //! request's; another body is a conflict, kept, queuing nothing. A redelivery queues anew
 //! under the event's key (a conflict: under `{source}:{key}:req_N`, recorded released the first
-//! time), except for a dismissed conflict; only an undecided conflict is dismissed. Counted
+//! time), except for a dismissed conflict; only an undecided conflict is dismissed. A claim
+//! whose retention has passed (from the second it reaches it) no longer counts: the next send
+//! of its key is new and replaces it; a purge removes exactly the expired ones. Counted
 //! after every step: claims, pending deliveries, undecided conflicts; on each drain, every
 //! leased delivery carries the key and the body the model expects.
 
 use std::collections::HashMap;
 
 use hooklatch_core::store::{AttemptNext, ConflictAction, Dismissal, Redelivery, Verdict};
+use hooklatch_core::Timestamp;
 use hooklatch_core::{Claim, DeliveryId, RequestId, Store};
 use hooklatch_store_sqlite::{SqliteOptions, SqliteStore};
-use hooklatch_testkit::conformance::fixture::{attempt, ingest, DESTINATIONS, T0};
+use hooklatch_testkit::conformance::fixture::{attempt, ingest, DESTINATIONS, RETENTION, T0};
 use hooklatch_testkit::MemoryStore;
 use proptest::prelude::*;
 
@@ -42,6 +46,20 @@ enum Op {
     Dismiss { pick: usize },
     /// A worker leases everything due and delivers it.
     Drain,
+    /// The clock moves on by the keys' retention, less a second, exactly, or plus an hour
+    /// (`by` 0, 1, 2): claims that old are expired, and the next send of their key is new.
+    Wait { by: u8 },
+    /// The upkeep purges expired claims (history is kept).
+    Purge,
+}
+
+/// How far [`Op::Wait`] moves the clock.
+fn wait(by: u8) -> std::time::Duration {
+    match by {
+        0 => RETENTION - std::time::Duration::from_secs(1),
+        1 => RETENTION,
+        _ => RETENTION + std::time::Duration::from_secs(3600),
+    }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -51,6 +69,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(|pick| Op::Redeliver { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Dismiss { pick }),
         1 => Just(Op::Drain),
+        1 => (0u8..3).prop_map(|by| Op::Wait { by }),
+        1 => Just(Op::Purge),
     ]
 }
 
@@ -66,11 +86,17 @@ struct Sent {
 
 #[derive(Default)]
 struct Model {
-    /// By (source, key): the first body and the request that claimed it.
-    claims: HashMap<(&'static str, String), (&'static [u8], RequestId)>,
+    /// By (source, key): the first body, the request that claimed it, and when; kept until a
+    /// purge once expired (a claim is expired once its retention has passed).
+    claims: HashMap<(&'static str, String), (&'static [u8], RequestId, Timestamp)>,
     requests: Vec<Sent>,
     /// Queued and not yet delivered: the key and body each must carry.
     pending: HashMap<DeliveryId, (String, &'static [u8])>,
+}
+
+/// Whether a claim made at `at` has expired by `now`.
+fn expired(at: Timestamp, now: Timestamp) -> bool {
+    now >= at.plus(RETENTION)
 }
 
 impl Model {
@@ -101,7 +127,11 @@ async fn run<S: Store>(store: &S, ops: &[Op]) -> Result<(), TestCaseError> {
                     .await
                     .map_err(|e| TestCaseError::fail(format!("step {step}: ingest: {e}")))?;
                 let claim = &outcome.claims[0].1;
-                let verdict = match model.claims.get(&(source, key.clone())) {
+                let live = model
+                    .claims
+                    .get(&(source, key.clone()))
+                    .filter(|(_, _, at)| !expired(*at, now));
+                let verdict = match live {
                     None => {
                         let Claim::New { deliveries } = claim else {
                             return Err(TestCaseError::fail(format!(
@@ -112,19 +142,20 @@ async fn run<S: Store>(store: &S, ops: &[Op]) -> Result<(), TestCaseError> {
                         for id in deliveries {
                             model.pending.insert(*id, (format!("{source}:{key}"), body));
                         }
+                        // An expired claim is replaced: still one claim for the key.
                         model
                             .claims
-                            .insert((source, key.clone()), (body, outcome.request_id));
+                            .insert((source, key.clone()), (body, outcome.request_id, now));
                         Verdict::Accepted
                     }
-                    Some((first_body, first)) if *first_body == body => {
+                    Some((first_body, first, _)) if *first_body == body => {
                         prop_assert!(
                             matches!(claim, Claim::Duplicate { first_request, .. } if first_request == first),
                             "step {step}: a duplicate of {first}, got {claim:?}"
                         );
                         Verdict::Duplicate
                     }
-                    Some((_, first)) => {
+                    Some((_, first, _)) => {
                         prop_assert!(
                             matches!(claim, Claim::Conflict { first_request, .. } if first_request == first),
                             "step {step}: a conflict with {first}, got {claim:?}"
@@ -201,6 +232,22 @@ async fn run<S: Store>(store: &S, ops: &[Op]) -> Result<(), TestCaseError> {
                     ),
                     (verdict, _) => prop_assert_eq!(answer, Dismissal::NotAConflict(verdict)),
                 }
+            }
+            Op::Wait { by } => now = now.plus(wait(by)),
+            Op::Purge => {
+                let purged = store
+                    .purge(now, T0)
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: purge: {e}")))?;
+                let before = model.claims.len();
+                model.claims.retain(|_, (_, _, at)| !expired(*at, now));
+                prop_assert_eq!(
+                    purged.claims,
+                    (before - model.claims.len()) as u64,
+                    "step {}: expired claims purged",
+                    step
+                );
+                prop_assert_eq!(purged.requests, 0, "step {}: history is kept", step);
             }
             Op::Drain => {
                 let leased = store
