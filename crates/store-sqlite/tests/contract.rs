@@ -1,6 +1,6 @@
 //! T7, the idempotency contract, property-based: random sequences of provider sends (two
-//! sources, four event ids, three bodies), deliberate redeliveries, conflict dismissals and
-//! worker drains, clock moves past the keys' retention and purges, run against the SQLite
+//! sources, four event ids, three bodies), forgeries refused before the store, deliberate
+//! redeliveries, conflict dismissals and worker drains, clock moves past the keys' retention and purges, run against the SQLite
 //! store (a new file per case) and the in-memory store, and checked after every step against
 //! a model of what the contract says.
 //!
@@ -20,7 +20,9 @@ use hooklatch_core::store::{AttemptNext, ConflictAction, Dismissal, Redelivery, 
 use hooklatch_core::Timestamp;
 use hooklatch_core::{Claim, DeliveryId, RequestId, Store};
 use hooklatch_store_sqlite::{SqliteOptions, SqliteStore};
-use hooklatch_testkit::conformance::fixture::{attempt, ingest, DESTINATIONS, RETENTION, T0};
+use hooklatch_testkit::conformance::fixture::{
+    attempt, ingest, rejection, DESTINATIONS, RETENTION, T0,
+};
 use hooklatch_testkit::MemoryStore;
 use proptest::prelude::*;
 
@@ -40,6 +42,9 @@ enum Op {
         body: usize,
         after: u16,
     },
+    /// A forgery sent to `source` with body `body`: refused before the store (its signature
+    /// is wrong), which keeps only its history record.
+    Forged { source: usize, body: usize },
     /// An operator redelivers the `pick`-th request (modulo how many there are).
     Redeliver { pick: usize },
     /// An operator dismisses the `pick`-th request.
@@ -66,6 +71,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (0..SOURCES.len(), 0u8..4, 0..BODIES.len(), 0u16..600)
             .prop_map(|(source, key, body, after)| Op::Send { source, key, body, after }),
+        1 => (0..SOURCES.len(), 0..BODIES.len())
+            .prop_map(|(source, body)| Op::Forged { source, body }),
         2 => any::<usize>().prop_map(|pick| Op::Redeliver { pick }),
         2 => any::<usize>().prop_map(|pick| Op::Dismiss { pick }),
         1 => Just(Op::Drain),
@@ -232,6 +239,15 @@ async fn run<S: Store>(store: &S, ops: &[Op]) -> Result<(), TestCaseError> {
                     ),
                     (verdict, _) => prop_assert_eq!(answer, Dismissal::NotAConflict(verdict)),
                 }
+            }
+            Op::Forged { source, body } => {
+                // Nothing of the model changes: no claim, no delivery, and the key's next
+                // genuine send is answered as if the forgery had never come.
+                let code = "invalid_signature";
+                store
+                    .record_rejection(rejection(SOURCES[source], BODIES[body], now, code, 401))
+                    .await
+                    .map_err(|e| TestCaseError::fail(format!("step {step}: rejection: {e}")))?;
             }
             Op::Wait { by } => now = now.plus(wait(by)),
             Op::Purge => {
