@@ -4,13 +4,12 @@
 //! With the `failpoints` feature (on only in the binary the tests build) a point named in the
 //! `FAILPOINTS` environment variable as `name=return` aborts the process there: no destructor,
 //! no flush, no answer. The ingest points ([`fallible`]) also take `name=return(error)`: the
-//! request then fails there as it would with the store away; and `name=return(pause:MS)`: the
-//! request waits there MS milliseconds at an await, where a provider hanging up drops it (the
-//! `fail` crate's `sleep` blocks the thread instead, so nothing is dropped during it). The
-//! `fail` crate's own actions
-//! work on every point too: `name=sleep(2000)` pauses it, and a count (`name=1*return`) fires
-//! it only that many times. Without the feature, the points compile to nothing and
-//! `FAILPOINTS` is not read.
+//! request then fails there as it would with the store away; they and the Redis-keys points
+//! ([`paused`]) take `name=return(pause:MS)`: the request waits there MS milliseconds at an
+//! await, where a provider hanging up drops it (the `fail` crate's `sleep` blocks the thread
+//! instead, so nothing is dropped during it). The `fail` crate's own actions work on every
+//! point too, and a count (`name=1*return`) fires it only that many times. Without the
+//! feature, the points compile to nothing and `FAILPOINTS` is not read.
 
 /// The points, in the order a request meets them.
 pub const POINTS: &[&str] = &[
@@ -71,6 +70,25 @@ pub fn abort() -> ! {
     std::process::abort()
 }
 
+/// A point that can pause as well as abort: `Some(pause)` when `FAILPOINTS` names it as
+/// `name=return(pause:MS)`, which the caller waits out at an await; aborts on `name=return`
+/// as [`point`] does. `None` otherwise (always, without the `failpoints` feature).
+#[inline]
+#[cfg_attr(not(feature = "failpoints"), allow(unused_variables))]
+pub fn paused(name: &str) -> Option<std::time::Duration> {
+    fail::fail_point!(name, |action: Option<String>| {
+        match action
+            .as_deref()
+            .and_then(|a| a.strip_prefix("pause:"))
+            .map(str::parse::<u64>)
+        {
+            Some(Ok(ms)) => Some(std::time::Duration::from_millis(ms)),
+            _ => std::process::abort(),
+        }
+    });
+    None
+}
+
 /// A point that can fail or pause as well as abort: `Err` with a message naming the point
 /// when `FAILPOINTS` names it as `name=return(error)`; `Ok(Some(pause))` for
 /// `name=return(pause:MS)`, which the caller waits out at an await; aborts on `name=return`
@@ -125,6 +143,21 @@ mod tests {
             Ok(Some(std::time::Duration::from_millis(1500)))
         );
         assert_eq!(fallible(INGEST_AFTER_COMMIT_BEFORE_ANSWER), Ok(None));
+        assert_eq!(
+            paused(KEYS_AFTER_CLAIM_BEFORE_STORE),
+            None,
+            "off by default"
+        );
+        fail::cfg(KEYS_AFTER_CLAIM_BEFORE_STORE, "1*return(pause:250)").unwrap();
+        assert_eq!(
+            paused(KEYS_AFTER_CLAIM_BEFORE_STORE),
+            Some(std::time::Duration::from_millis(250))
+        );
+        assert_eq!(
+            paused(KEYS_AFTER_CLAIM_BEFORE_STORE),
+            None,
+            "after its count"
+        );
         scenario.teardown();
     }
 

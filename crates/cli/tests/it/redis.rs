@@ -852,3 +852,95 @@ async fn an_evicting_redis_turns_evictions_into_extra_deliveries_never_losses() 
         .figure("evicted_keys", evicted)
         .figure("evicted_claims", (ids.len() - kept) as u64);
 }
+
+/// T1's order check in Redis-keys mode: no copy is answered 2xx before the first copy's work
+/// is queued and its key marked done. The first copy of an event pauses at each of the two
+/// points between its claim and the end (`keys_after_claim_before_store`: claimed in Redis,
+/// nothing in the store; `keys_after_store_before_done`: queued, the key not yet done), 1.5 s
+/// at an await; while it waits, other copies are answered 409 `in_flight` with `Retry-After`,
+/// never 2xx, and history holds no accepted request for the event before the store point.
+/// Once the first is answered `accepted`, the next copy is a `duplicate`; delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_copy_is_answered_2xx_before_the_first_is_queued_and_marked_done() {
+    use hooklatch_core::crash;
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    for point in [
+        crash::KEYS_AFTER_CLAIM_BEFORE_STORE,
+        crash::KEYS_AFTER_STORE_BEFORE_DONE,
+    ] {
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let mut options = keys.options("");
+        options.extra_env.push((
+            "FAILPOINTS".to_owned(),
+            format!("{point}=1*return(pause:1500)"),
+        ));
+        let gw = Gateway::start_with(&handler, options).await;
+        let event_id = unique("evt_redis_order");
+        let key = format!("stripe:{event_id}");
+        let body = stripe_invoice_paid(&event_id, 5000);
+        let first = tokio::spawn({
+            let (ingest, body) = (gw.ingest(), body.clone());
+            async move { ingest.post("stripe", &stripe_headers(&body), body).await }
+        });
+        let redis_key = keys.key("stripe", &event_id);
+        eventually_within(
+            "the first copy holds the key in flight",
+            Duration::from_secs(10),
+            async || {
+                keys.get(&redis_key)
+                    .await
+                    .is_some_and(|v| v.starts_with("i:"))
+            },
+        )
+        .await;
+        let mut refused = 0;
+        while !first.is_finished() {
+            let res = gw
+                .ingest()
+                .send("stripe", &stripe_headers(&body), body.clone())
+                .await
+                .expect("an answer");
+            let status = res.status().as_u16();
+            if first.is_finished() {
+                break; // this copy may have come after the first was answered
+            }
+            assert_eq!(
+                status, 409,
+                "{point}: a copy answered while the first waits"
+            );
+            assert!(res.headers().contains_key("retry-after"), "{point}");
+            if point == crash::KEYS_AFTER_CLAIM_BEFORE_STORE {
+                let accepted = gw
+                    .requests(&format!("key={event_id}&verdict=accepted"))
+                    .await;
+                assert!(accepted.is_empty(), "{point}: nothing queued yet");
+            }
+            refused += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (status, json) = first.await.expect("the first copy's task");
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some("accepted")),
+            "{point}: {json}"
+        );
+        assert!(
+            refused >= 3,
+            "{point}: only {refused} copies came while the first waited"
+        );
+        let (status, json) = gw
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some("duplicate")),
+            "{point}: {json}"
+        );
+        gw.wait_for_delivery_state(&key, "delivered").await;
+        assert_eq!(handler.count_for(&key), 1, "{point}: delivered once");
+        println!("{point}: {refused} copies answered 409 while the first waited");
+    }
+    keys.clean_up().await;
+}

@@ -532,7 +532,9 @@ async fn ingest_with_keys(
         });
     }
     ingest.keys = KeyDecision::Decided(decided);
-    crash::point(crash::KEYS_AFTER_CLAIM_BEFORE_STORE);
+    if let Some(pause) = crash::paused(crash::KEYS_AFTER_CLAIM_BEFORE_STORE) {
+        tokio::time::sleep(pause).await;
+    }
     let source = ingest.source.clone();
     let retention = ingest.retention;
     let first_seen = ingest.request.received_at;
@@ -549,7 +551,9 @@ async fn ingest_with_keys(
             return Err(Refused::Store(err));
         }
     };
-    crash::point(crash::KEYS_AFTER_STORE_BEFORE_DONE);
+    if let Some(pause) = crash::paused(crash::KEYS_AFTER_STORE_BEFORE_DONE) {
+        tokio::time::sleep(pause).await;
+    }
     if !claimed.is_empty() {
         let done = DoneKey {
             first_request: outcome.request_id,
