@@ -858,8 +858,8 @@ async fn an_evicting_redis_turns_evictions_into_extra_deliveries_never_losses() 
 /// points between its claim and the end (`keys_after_claim_before_store`: claimed in Redis,
 /// nothing in the store; `keys_after_store_before_done`: queued, the key not yet done), 1.5 s
 /// at an await; while it waits, other copies are answered 409 `in_flight` with `Retry-After`,
-/// never 2xx, and history holds no accepted request for the event before the store point.
-/// Once the first is answered `accepted`, the next copy is a `duplicate`; delivered once.
+/// never 2xx. Once the first is answered `accepted`, the next copy is a `duplicate`;
+/// delivered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_copy_is_answered_2xx_before_the_first_is_queued_and_marked_done() {
     use hooklatch_core::crash;
@@ -911,12 +911,6 @@ async fn no_copy_is_answered_2xx_before_the_first_is_queued_and_marked_done() {
                 "{point}: a copy answered while the first waits"
             );
             assert!(res.headers().contains_key("retry-after"), "{point}");
-            if point == crash::KEYS_AFTER_CLAIM_BEFORE_STORE {
-                let accepted = gw
-                    .requests(&format!("key={event_id}&verdict=accepted"))
-                    .await;
-                assert!(accepted.is_empty(), "{point}: nothing queued yet");
-            }
             refused += 1;
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
