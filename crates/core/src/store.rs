@@ -11,6 +11,7 @@
 //! not answer, and the gateway turns it into 503 so the provider retries.
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,6 +43,34 @@ pub enum StoreError {
     /// The store is unreachable, closed or failing.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+}
+
+/// Whether the store's last write of a new request found it full: what a store's
+/// [`Store::ping`] reads to answer "not ready" until an event fits again (a load balancer
+/// should not send traffic that ingest can only refuse with 503).
+#[derive(Debug, Default)]
+pub struct FullFlag(AtomicBool);
+
+impl FullFlag {
+    /// Whether the last write of a new request found the store full.
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Notes the outcome of a write of a new request: full on [`StoreError::Full`], not full on
+    /// success, unchanged on other errors. Returns the new state when it changed, so the store
+    /// logs and sets its gauge once per change, not per request.
+    pub fn note<T>(&self, outcome: &Result<T, StoreError>) -> Option<bool> {
+        let full = match outcome {
+            Ok(_) => false,
+            Err(StoreError::Full) => true,
+            Err(StoreError::Unavailable(_)) => return None,
+        };
+        // A plain read first: on ingest's path the state almost never changes.
+        let changed =
+            self.0.load(Ordering::Acquire) != full && self.0.swap(full, Ordering::AcqRel) != full;
+        changed.then_some(full)
+    }
 }
 
 /// What the gateway decided about a request.
@@ -856,5 +885,23 @@ mod tests {
         let event = NewEvent::new(key.clone(), Some("invoice.\0paid".to_owned()));
         assert_eq!(event.event_type.as_deref(), Some("invoice.\u{fffd}paid"));
         assert_eq!(NewEvent::new(key, None).event_type, None);
+    }
+
+    #[test]
+    fn the_full_flag_changes_on_full_and_on_success_and_says_so_once() {
+        let flag = FullFlag::default();
+        let full: Result<(), StoreError> = Err(StoreError::Full);
+        let down: Result<(), StoreError> = Err(StoreError::Unavailable("down".to_owned()));
+        assert!(!flag.is_set());
+        assert_eq!(flag.note(&Ok::<(), StoreError>(())), None);
+        assert_eq!(flag.note(&full), Some(true));
+        assert!(flag.is_set());
+        assert_eq!(flag.note(&full), None, "already full");
+        assert_eq!(flag.note(&down), None, "another error says nothing of room");
+        assert!(flag.is_set());
+        assert_eq!(flag.note(&Ok::<u8, StoreError>(1)), Some(false));
+        assert!(!flag.is_set());
+        assert_eq!(flag.note(&down), None);
+        assert!(!flag.is_set());
     }
 }

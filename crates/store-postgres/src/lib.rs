@@ -41,8 +41,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, Ingest,
-    IngestOutcome, LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected,
+    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, FullFlag,
+    Ingest, IngestOutcome, LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected,
     RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
@@ -81,6 +81,9 @@ struct Inner {
     unsafe_durability: Vec<String>,
     /// Never sent on: dropping it (with the last clone of the store) stops the listeners.
     shutdown: watch::Sender<()>,
+    /// Set when a write of a new request found the database full (`53100`), cleared by the
+    /// next one that commits: while set, [`Store::ping`] probes for room.
+    ingest_full: FullFlag,
 }
 
 impl PostgresStore {
@@ -158,6 +161,7 @@ impl PostgresStore {
                 others,
                 unsafe_durability: found,
                 shutdown,
+                ingest_full: FullFlag::default(),
             }),
         })
     }
@@ -205,6 +209,28 @@ impl PostgresStore {
 
     async fn write(&self, work: Work) -> Result<Done, StoreError> {
         self.inner.writer.run(work).await
+    }
+
+    /// Notes whether a write of a new request found the database full (see
+    /// [`Store::ping`]); logs and sets `hooklatch_store_full` when that changes.
+    fn note_room<T>(&self, outcome: &Result<T, StoreError>) {
+        if let Some(full) = self.inner.ingest_full.note(outcome) {
+            if full {
+                tracing::warn!(
+                    "postgres: the database is full; new events are refused until there is room"
+                );
+            } else {
+                tracing::info!("postgres: the database has room again");
+            }
+            metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
+        }
+    }
+
+    /// A write of a new request (an ingest, a rejection, a handshake), its room noted.
+    async fn write_request(&self, work: Work) -> Result<Done, StoreError> {
+        let outcome = self.write(work).await;
+        self.note_room(&outcome);
+        outcome
     }
 
     /// Records an attempt (and takes the next lease, with `next`) in the next group commit.
@@ -267,6 +293,23 @@ fn checked_pool(
 /// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
 /// round trip for all of them.
 ///
+/// What the readiness probe writes while the database is full: about what an event of a few
+/// KB needs, with its history and outbox rows (SQLite's probe writes as much).
+const ROOM_PROBE_BYTES: i32 = 16 * 1024;
+
+/// Writes [`ROOM_PROBE_BYTES`] into a `room_probe` emptied in the same transaction, then
+/// rolls back. `room_probe.pad` is stored out of line and uncompressed, so the write needs that
+/// much new room in the database's files; an error with SQLSTATE `53100` says there is none.
+async fn room_probe(pool: &PgPool) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    simple(&mut tx, "TRUNCATE room_probe").await?;
+    sqlx::query("INSERT INTO room_probe (pad) VALUES (repeat('x', $1))")
+        .bind(ROOM_PROBE_BYTES)
+        .execute(&mut *tx)
+        .await?;
+    tx.rollback().await
+}
+
 /// Through `Executor::execute` rather than `RawSql::execute`: the latter is an `async fn`
 /// generic over the executor, and futures holding it fail the `Send` check of a spawned task
 /// (rust-lang/rust#102211, "implementation of `Executor` is not general enough").
@@ -308,14 +351,14 @@ fn map_migrate_err(err: schema::MigrateError) -> StoreError {
 #[async_trait::async_trait]
 impl Store for PostgresStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
-        match self.write(Work::Ingest(ingest)).await? {
+        match self.write_request(Work::Ingest(ingest)).await? {
             Done::Ingest(outcome) => Ok(outcome),
             _ => unreachable!("an ingest job answers with its outcome"),
         }
     }
 
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
-        match self.write(Work::Rejection(rejected)).await? {
+        match self.write_request(Work::Rejection(rejected)).await? {
             Done::Request(id) => Ok(id),
             _ => unreachable!("a rejection job answers with its request id"),
         }
@@ -328,9 +371,11 @@ impl Store for PostgresStore {
     ) -> Result<RequestId, StoreError> {
         // Not on the hot path: one short transaction of its own, outside group commit.
         let mut conn = self.pool().acquire().await.map_err(map_err)?;
-        ingest::record_import(&mut conn, &request, &keys)
+        let outcome = ingest::record_import(&mut conn, &request, &keys)
             .await
-            .map_err(map_err)
+            .map_err(map_err);
+        self.note_room(&outcome);
+        outcome
     }
 
     async fn record_handshake(
@@ -338,7 +383,7 @@ impl Store for PostgresStore {
         request: RequestRecord,
         status: u16,
     ) -> Result<RequestId, StoreError> {
-        match self.write(Work::Handshake(request, status)).await? {
+        match self.write_request(Work::Handshake(request, status)).await? {
             Done::Request(id) => Ok(id),
             _ => unreachable!("a handshake job answers with its request id"),
         }
@@ -506,6 +551,12 @@ impl Store for PostgresStore {
         history::outbox_counts(self.pool()).await.map_err(map_err)
     }
 
+    /// Answers whether the database takes writes (a standby does not); once a new request
+    /// found it full, whether a write that needs new room in the database's files succeeds:
+    /// 16 KiB into an emptied `room_probe`, rolled back. Emptying it in the
+    /// same transaction gives the table new, empty files, so space freed by earlier probes
+    /// cannot answer for the disk; rolling back removes them again. The database reads as
+    /// ready once that fits, before any provider retries.
     async fn ping(&self) -> Result<(), StoreError> {
         let standby: bool = sqlx::query("SELECT pg_is_in_recovery()")
             .fetch_one(self.pool())
@@ -516,6 +567,9 @@ impl Store for PostgresStore {
             return Err(StoreError::Unavailable(
                 "postgres is a read-only standby".to_owned(),
             ));
+        }
+        if self.inner.ingest_full.is_set() {
+            room_probe(self.pool()).await.map_err(map_err)?;
         }
         Ok(())
     }

@@ -173,6 +173,12 @@ ALTER TABLE requests ADD COLUMN decision TEXT,
                      ADD COLUMN decided_at BIGINT,
                      ADD COLUMN decision_reason TEXT;
 "#,
+    // 8: an empty table the readiness probe writes into, and rolls back, once the database
+    // was found full: out of line and uncompressed, so the write needs new room on disk.
+    r#"
+CREATE TABLE room_probe (pad TEXT NOT NULL);
+ALTER TABLE room_probe ALTER COLUMN pad SET STORAGE EXTERNAL;
+"#,
 ];
 
 /// The schema version this build writes.

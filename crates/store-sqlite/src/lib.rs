@@ -28,13 +28,12 @@ pub mod serving;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, Ingest,
-    IngestOutcome, LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected,
+    AttemptResult, DeliveryDetail, DeliveryFilter, DisabledDestination, Dismissal, FullFlag,
+    Ingest, IngestOutcome, LeasedDelivery, OutboxCounts, Purged, Redelivery, Redrive, Rejected,
     RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
 };
 use hooklatch_core::{DeliveryId, RequestId, Store, StoreError, Timestamp};
@@ -107,7 +106,7 @@ pub struct SqliteStore {
     cap: Option<PageCap>,
     /// Set when a write under [`Room::Ingest`] found the store full, cleared by the next one
     /// that commits: while set, [`Store::ping`] probes for room instead of answering ready.
-    ingest_full: Arc<AtomicBool>,
+    ingest_full: Arc<FullFlag>,
     /// Held by a serving gateway's store ([`SqliteStore::open_serving`]) for as long as any
     /// clone of it lives.
     _serving: Option<Arc<serving::ServingLock>>,
@@ -210,7 +209,7 @@ impl SqliteStore {
             writer,
             readers,
             cap,
-            ingest_full: Arc::new(AtomicBool::new(false)),
+            ingest_full: Arc::new(FullFlag::default()),
             _serving: lock.map(Arc::new),
         };
         Ok((store, released))
@@ -231,29 +230,18 @@ impl SqliteStore {
             })
             .await;
         if let Room::Ingest = room {
-            match &res {
-                Ok(_) => self.set_ingest_full(false),
-                Err(StoreError::Full) => self.set_ingest_full(true),
-                Err(StoreError::Unavailable(_)) => {}
+            if let Some(full) = self.ingest_full.note(&res) {
+                if full {
+                    tracing::warn!(
+                        "sqlite: the store is full; new events are refused until there is room"
+                    );
+                } else {
+                    tracing::info!("sqlite: the store has room again");
+                }
+                metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
             }
         }
         res
-    }
-
-    fn set_ingest_full(&self, full: bool) {
-        // A plain read first: on ingest's path the state almost never changes.
-        if self.ingest_full.load(Ordering::Acquire) != full
-            && self.ingest_full.swap(full, Ordering::AcqRel) != full
-        {
-            metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
-            if full {
-                tracing::warn!(
-                    "sqlite: the store is full; new events are refused until there is room"
-                );
-            } else {
-                tracing::info!("sqlite: the store has room again");
-            }
-        }
     }
 
     /// Runs `f` on a read connection, off the async runtime.
@@ -544,7 +532,7 @@ impl Store for SqliteStore {
     /// the store reads as ready again only when an event of that size fits: after the
     /// operator freed space, before any provider retries.
     async fn ping(&self) -> Result<(), StoreError> {
-        if !self.ingest_full.load(Ordering::Acquire) {
+        if !self.ingest_full.is_set() {
             return self
                 .writer
                 .run(|tx| tx.query_row("SELECT 1", [], |_| Ok(())))

@@ -74,17 +74,23 @@ impl Drop for TestDatabase {
             return;
         }
         let (admin_url, name) = (self.admin_url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            runtime.block_on(drop_database(&admin_url, &name));
-        })
-        .join();
+        on_a_runtime_of_its_own(async move { drop_database(&admin_url, &name).await });
     }
+}
+
+/// Runs `work` to its end on a thread with a runtime of its own: what a `Drop` needs, as the
+/// test's runtime may be the one unwinding.
+pub fn on_a_runtime_of_its_own(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let _ = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(work);
+    })
+    .join();
 }
 
 /// `DROP DATABASE … WITH (FORCE)`: the gateways a test started may still be connected.
