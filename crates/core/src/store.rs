@@ -57,15 +57,29 @@ impl FullFlag {
         self.0.load(Ordering::Acquire)
     }
 
-    /// Notes the outcome of a write of a new request: full on [`StoreError::Full`], not full on
-    /// success, unchanged on other errors. Returns the new state when it changed, so the store
-    /// logs and sets its gauge once per change, not per request.
+    /// Notes the outcome of a write that keeps an event's request, body and all, or of the
+    /// store's probe for room: full on [`StoreError::Full`], not full on success, unchanged on
+    /// other errors. Returns the new state when it changed, so the store logs and sets its
+    /// gauge once per change, not per request.
     pub fn note<T>(&self, outcome: &Result<T, StoreError>) -> Option<bool> {
-        let full = match outcome {
-            Ok(_) => false,
-            Err(StoreError::Full) => true,
-            Err(StoreError::Unavailable(_)) => return None,
-        };
+        match outcome {
+            Ok(_) => self.set(false),
+            Err(StoreError::Full) => self.set(true),
+            Err(StoreError::Unavailable(_)) => None,
+        }
+    }
+
+    /// Notes the outcome of a smaller write that needs room too (a refused request's record, a
+    /// handshake, a redrive): full on [`StoreError::Full`]; its success says nothing, as it
+    /// may fit where an event does not.
+    pub fn note_small<T>(&self, outcome: &Result<T, StoreError>) -> Option<bool> {
+        match outcome {
+            Err(StoreError::Full) => self.set(true),
+            _ => None,
+        }
+    }
+
+    fn set(&self, full: bool) -> Option<bool> {
         // A plain read first: on ingest's path the state almost never changes.
         let changed =
             self.0.load(Ordering::Acquire) != full && self.0.swap(full, Ordering::AcqRel) != full;
@@ -903,5 +917,24 @@ mod tests {
         assert!(!flag.is_set());
         assert_eq!(flag.note(&down), None);
         assert!(!flag.is_set());
+    }
+
+    #[test]
+    fn a_small_write_sets_the_full_flag_but_never_clears_it() {
+        let flag = FullFlag::default();
+        let ok: Result<(), StoreError> = Ok(());
+        assert_eq!(flag.note_small(&ok), None);
+        assert_eq!(flag.note_small(&Err::<(), _>(StoreError::Full)), Some(true));
+        assert_eq!(
+            flag.note_small(&ok),
+            None,
+            "a small record fits where an event may not"
+        );
+        assert!(flag.is_set());
+        assert_eq!(
+            flag.note(&ok),
+            Some(false),
+            "an event kept says there is room"
+        );
     }
 }

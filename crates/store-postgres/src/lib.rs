@@ -82,7 +82,7 @@ struct Inner {
     /// Never sent on: dropping it (with the last clone of the store) stops the listeners.
     shutdown: watch::Sender<()>,
     /// Set when a write of a new request found the database full (`53100`), cleared by the
-    /// next one that commits: while set, [`Store::ping`] probes for room.
+    /// next event kept or probe for room: while set, [`Store::ping`] probes for room.
     ingest_full: FullFlag,
 }
 
@@ -211,25 +211,18 @@ impl PostgresStore {
         self.inner.writer.run(work).await
     }
 
-    /// Notes whether a write of a new request found the database full (see
-    /// [`Store::ping`]); logs and sets `hooklatch_store_full` when that changes.
-    fn note_room<T>(&self, outcome: &Result<T, StoreError>) {
-        if let Some(full) = self.inner.ingest_full.note(outcome) {
-            if full {
-                tracing::warn!(
-                    "postgres: the database is full; new events are refused until there is room"
-                );
-            } else {
-                tracing::info!("postgres: the database has room again");
-            }
-            metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
-        }
-    }
-
-    /// A write of a new request (an ingest, a rejection, a handshake), its room noted.
+    /// A write of a new request (an ingest, a rejection, a handshake), its room noted: an
+    /// event kept clears the "store full" flag, a smaller record only ever sets it (it may fit
+    /// where an event does not).
     async fn write_request(&self, work: Work) -> Result<Done, StoreError> {
+        let event = matches!(work, Work::Ingest(_));
         let outcome = self.write(work).await;
-        self.note_room(&outcome);
+        let flag = &self.inner.ingest_full;
+        report_room(if event {
+            flag.note(&outcome)
+        } else {
+            flag.note_small(&outcome)
+        });
         outcome
     }
 
@@ -293,6 +286,18 @@ fn checked_pool(
 /// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
 /// round trip for all of them.
 ///
+/// Logs a change of the "store full" flag and sets `hooklatch_store_full` to match.
+fn report_room(changed: Option<bool>) {
+    match changed {
+        Some(true) => tracing::warn!(
+            "postgres: the database is full; new events are refused until there is room"
+        ),
+        Some(false) => tracing::info!("postgres: the database has room again"),
+        None => return,
+    }
+    metrics::gauge!("hooklatch_store_full").set(if changed == Some(true) { 1.0 } else { 0.0 });
+}
+
 /// What the readiness probe writes while the database is full: about what an event of a few
 /// KB needs, with its history and outbox rows (SQLite's probe writes as much).
 const ROOM_PROBE_BYTES: i32 = 16 * 1024;
@@ -374,7 +379,7 @@ impl Store for PostgresStore {
         let outcome = ingest::record_import(&mut conn, &request, &keys)
             .await
             .map_err(map_err);
-        self.note_room(&outcome);
+        report_room(self.inner.ingest_full.note_small(&outcome));
         outcome
     }
 
@@ -569,7 +574,9 @@ impl Store for PostgresStore {
             ));
         }
         if self.inner.ingest_full.is_set() {
-            room_probe(self.pool()).await.map_err(map_err)?;
+            let probed = room_probe(self.pool()).await.map_err(map_err);
+            report_room(self.inner.ingest_full.note(&probed));
+            probed?;
         }
         Ok(())
     }

@@ -104,8 +104,9 @@ pub struct SqliteStore {
     writer: Writer,
     readers: Arc<ReaderPool>,
     cap: Option<PageCap>,
-    /// Set when a write under [`Room::Ingest`] found the store full, cleared by the next one
-    /// that commits: while set, [`Store::ping`] probes for room instead of answering ready.
+    /// Set when a write under [`Room::Ingest`] found the store full, cleared by the next event
+    /// kept or probe for room that commits (a small record fitting says nothing): while set,
+    /// [`Store::ping`] probes for room instead of answering ready.
     ingest_full: Arc<FullFlag>,
     /// Held by a serving gateway's store ([`SqliteStore::open_serving`]) for as long as any
     /// clone of it lives.
@@ -230,17 +231,19 @@ impl SqliteStore {
             })
             .await;
         if let Room::Ingest = room {
-            if let Some(full) = self.ingest_full.note(&res) {
-                if full {
-                    tracing::warn!(
-                        "sqlite: the store is full; new events are refused until there is room"
-                    );
-                } else {
-                    tracing::info!("sqlite: the store has room again");
-                }
-                metrics::gauge!("hooklatch_store_full").set(if full { 1.0 } else { 0.0 });
-            }
+            report_room(self.ingest_full.note_small(&res));
         }
+        res
+    }
+
+    /// A write that keeps an event's request, or the probe for room: its success clears the
+    /// "store full" flag (see [`Store::ping`]).
+    async fn write_event<R: Send + 'static>(
+        &self,
+        f: impl Fn(&Connection) -> rusqlite::Result<R> + Send + 'static,
+    ) -> Result<R, StoreError> {
+        let res = self.write(Room::Ingest, f).await;
+        report_room(self.ingest_full.note(&res));
         res
     }
 
@@ -263,6 +266,18 @@ impl SqliteStore {
         .await
         .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
     }
+}
+
+/// Logs a change of the "store full" flag and sets `hooklatch_store_full` to match.
+fn report_room(changed: Option<bool>) {
+    match changed {
+        Some(true) => {
+            tracing::warn!("sqlite: the store is full; new events are refused until there is room")
+        }
+        Some(false) => tracing::info!("sqlite: the store has room again"),
+        None => return,
+    }
+    metrics::gauge!("hooklatch_store_full").set(if changed == Some(true) { 1.0 } else { 0.0 });
 }
 
 /// Opens a connection with the durability settings every connection must have, and checks them.
@@ -325,7 +340,7 @@ impl Store for SqliteStore {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
         // The row is prepared here, on the caller's task: the writer thread is the serial part.
         let row = ingest::Row::of_ingest(&ingest);
-        self.write(Room::Ingest, move |tx| ingest::ingest(tx, &ingest, &row))
+        self.write_event(move |tx| ingest::ingest(tx, &ingest, &row))
             .await
     }
 
@@ -538,7 +553,7 @@ impl Store for SqliteStore {
                 .run(|tx| tx.query_row("SELECT 1", [], |_| Ok(())))
                 .await;
         }
-        self.write(Room::Ingest, |tx| {
+        self.write_event(|tx| {
             tx.execute(
                 "INSERT INTO room_probe (pad) VALUES (zeroblob(?1))",
                 [ROOM_PROBE_BYTES],

@@ -10,13 +10,14 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::Command;
 
+use hooklatch_core::Timestamp;
 use serde_json::Value;
 use sqlx::Connection;
 
 use crate::postgres::Database;
 use crate::support::{
-    eventually, stripe_headers, stripe_invoice_paid_padded, unique, wait_until, Behaviour, Gateway,
-    Handler, Options,
+    eventually, stripe_headers, stripe_headers_signed, stripe_invoice_paid_padded, unique,
+    wait_until, Behaviour, Gateway, Handler, Options,
 };
 use crate::test_database::on_a_runtime_of_its_own;
 
@@ -108,8 +109,14 @@ async fn check_history(gw: &Gateway, source: &str, answered: &Answered) -> Vec<S
     accepted
 }
 
-/// `/readyz` answers 503 "store full" three times running, and the gauge says full.
+/// `/readyz` answers 503 "store full" three times running, and the gauge says full; and a
+/// small forged request refused meanwhile (its record small enough to fit where an event does
+/// not) changes neither: only an event kept, or the probe, says there is room.
 async fn assert_full(gw: &Gateway) {
+    let forged = br#"{"id":"evt_forged","type":"invoice.paid"}"#.to_vec();
+    let headers = stripe_headers_signed(&forged, "whsec_not_the_sources_secret", Timestamp::now());
+    let (status, answer) = gw.post("stripe", &headers, forged).await;
+    assert!(status == 401 || status == 400, "{status} {answer}");
     for _ in 0..3 {
         let (status, ready) = gw.admin_get("/readyz").await;
         assert_eq!(
