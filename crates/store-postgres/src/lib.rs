@@ -283,9 +283,6 @@ fn checked_pool(
         .connect_lazy_with(connect.clone())
 }
 
-/// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
-/// round trip for all of them.
-///
 /// Logs a change of the "store full" flag and sets `hooklatch_store_full` to match.
 fn report_room(changed: Option<bool>) {
     match changed {
@@ -315,6 +312,9 @@ async fn room_probe(pool: &PgPool) -> Result<(), sqlx::Error> {
     tx.rollback().await
 }
 
+/// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
+/// round trip for all of them.
+///
 /// Through `Executor::execute` rather than `RawSql::execute`: the latter is an `async fn`
 /// generic over the executor, and futures holding it fail the `Send` check of a spawned task
 /// (rust-lang/rust#102211, "implementation of `Executor` is not general enough").
