@@ -45,6 +45,11 @@ impl TestDatabase {
         }
     }
 
+    /// The database's name (lowercased, as created).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     /// The admin URL with its database name replaced by this one.
     pub fn url(&self) -> String {
         let (base, query) = match self.admin_url.split_once('?') {

@@ -301,9 +301,7 @@ impl SmallTablespace {
             );
             return None;
         }
-        let url = db.url();
-        let path = url.split('?').next().unwrap_or_default();
-        let db_name = path.rsplit('/').next().expect("a database name").to_owned();
+        let db_name = db.name().to_owned();
         let ts = SmallTablespace {
             admin_url,
             name,
