@@ -6,8 +6,9 @@
 //! "resolves only to blocked addresses" and the delivery is dead-lettered, while the same
 //! gateway's allowed destination on 127.0.0.1 is delivered; and that a destination whose URL
 //! holds a blocked address (the metadata endpoint, loopback in decimal, `[::1]`, 127.0.0.2)
-//! stops `hooklatch check-config` with status 2 and the line to add; and that an allowed
-//! destination redirecting to a blocked address does not get the redirect followed.
+//! stops `hooklatch check-config` with status 2 and the line to add; that an allowed
+//! destination redirecting to a blocked address does not get the redirect followed; and the
+//! same on IPv6 loopback (`[::1]`), where a destination allowed `::1` is delivered.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -98,22 +99,8 @@ async fn canary(ip: &str) -> (u16, Arc<AtomicUsize>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_to_a_blocked_address_is_not_followed() {
     let (port, dialled) = canary("127.0.0.2").await;
-    let redirected = Arc::new(AtomicUsize::new(0));
-    let counter = redirected.clone();
-    let location = format!("http://127.0.0.2:{port}/stolen");
-    let app = axum::Router::new().fallback(move || {
-        counter.fetch_add(1, Ordering::SeqCst);
-        let location = location.clone();
-        async move { (StatusCode::FOUND, [(header::LOCATION, location)], "") }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port for the redirecting destination");
-    let url = format!(
-        "http://{}/hook",
-        listener.local_addr().expect("its address")
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (redirecting, redirected) = redirecting_to(format!("http://127.0.0.2:{port}/stolen")).await;
+    let url = format!("http://{redirecting}/hook");
 
     let gw = Gateway::start_at(
         url,
@@ -141,6 +128,102 @@ async fn a_redirect_to_a_blocked_address_is_not_followed() {
         0,
         "TCP connections to the address the redirect named"
     );
+}
+
+/// IPv6 loopback, end to end: an allowed destination on 127.0.0.1 answering every delivery
+/// with a redirect to `[::1]` does not get it followed (a canary listening on `[::1]` accepts no
+/// connection), while a destination on `[::1]` whose `allow` holds `::1` is delivered. Skipped
+/// where the machine cannot listen on `::1` (IPv6 turned off in its kernel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_loopback_is_dialled_only_where_allowed() {
+    if tokio::net::TcpListener::bind(("::1", 0)).await.is_err() {
+        println!("skipped: this machine cannot listen on [::1]");
+        return;
+    }
+    let (port, dialled) = canary("::1").await;
+    let (redirecting, redirected) = redirecting_to(format!("http://[::1]:{port}/stolen")).await;
+    let received = Arc::new(AtomicUsize::new(0));
+    let v6_app = serve_on("::1", counting(received.clone(), || StatusCode::OK)).await;
+
+    let gw = Gateway::start_at(
+        format!("http://{redirecting}/hook"),
+        Options {
+            max_attempts: 2,
+            extra_config: format!(
+                r#"
+[[sources]]
+name = "v6"
+provider = "stripe"
+secrets = ["env:E2E_STRIPE_SECRET"]
+destinations = ["v6"]
+
+[[destinations]]
+name = "v6"
+url = "http://{v6_app}/sink"
+allow = ["::1"]
+"#
+            ),
+            ..Options::default()
+        },
+    )
+    .await;
+    let redirect_key = gw.send_stripe_event("stripe", "evt_redirect_v6").await;
+    let dead = gw.wait_for_delivery_state(&redirect_key, "dead").await;
+    assert_eq!(dead["history"].as_array().map(Vec::len), Some(2), "{dead}");
+    assert_eq!(
+        redirected.load(Ordering::SeqCst),
+        2,
+        "one redirect per attempt"
+    );
+
+    let allowed_key = gw.send_stripe_event("v6", "evt_allowed_v6").await;
+    let delivered = gw.wait_for_delivery_state(&allowed_key, "delivered").await;
+    assert_eq!(delivered["destination"], "v6", "{delivered}");
+    assert_eq!(received.load(Ordering::SeqCst), 1, "requests at [::1]");
+    assert_eq!(
+        dialled.load(Ordering::SeqCst),
+        0,
+        "TCP connections to [::1] that a redirect named"
+    );
+}
+
+/// A destination on 127.0.0.1 answering every request 302 to `location`: its address and how
+/// many requests it answered.
+async fn redirecting_to(location: String) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let redirected = Arc::new(AtomicUsize::new(0));
+    let app = counting(redirected.clone(), move || {
+        (
+            StatusCode::FOUND,
+            [(header::LOCATION, location.clone())],
+            "",
+        )
+    });
+    (serve_on("127.0.0.1", app).await, redirected)
+}
+
+/// A router answering every request with `answer()`, counting them in `count`.
+fn counting<R>(
+    count: Arc<AtomicUsize>,
+    answer: impl Fn() -> R + Clone + Send + Sync + 'static,
+) -> axum::Router
+where
+    R: axum::response::IntoResponse + Send + 'static,
+{
+    axum::Router::new().fallback(move || {
+        count.fetch_add(1, Ordering::SeqCst);
+        let response = answer();
+        async move { response }
+    })
+}
+
+/// Serves `app` on a new port of `ip`; the address as a URL's authority (`[::1]:port` for IPv6).
+async fn serve_on(ip: &str, app: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .expect("a port for a destination");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    addr
 }
 
 #[test]
