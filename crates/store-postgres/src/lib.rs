@@ -301,16 +301,36 @@ const ROOM_PROBE_BYTES: i32 = 16 * 1024;
 
 /// Writes [`ROOM_PROBE_BYTES`] into a `room_probe` emptied in the same transaction, then
 /// rolls back. `room_probe.pad` is stored out of line and uncompressed, so the write needs that
-/// much new room in the database's files; an error with SQLSTATE `53100` says there is none.
-async fn room_probe(pool: &PgPool) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    simple(&mut tx, "TRUNCATE room_probe").await?;
+/// much new room in the database's files; an error with SQLSTATE `53100` says there is none
+/// ([`StoreError::Full`]).
+///
+/// While another session holds the table (another instance probing the same full database at
+/// the same moment), the probe does not queue behind it, up to `lock_timeout`, to answer
+/// "unavailable" at the end: it answers [`StoreError::Full`] at once, what this instance
+/// knows, and the next readiness check probes again.
+async fn room_probe(pool: &PgPool) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await.map_err(map_err)?;
+    let emptied = simple(
+        &mut tx,
+        "LOCK TABLE room_probe IN ACCESS EXCLUSIVE MODE NOWAIT; TRUNCATE room_probe",
+    )
+    .await;
+    match emptied {
+        Err(err) if sqlstate(&err).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+            return Err(StoreError::Full)
+        }
+        other => other.map_err(map_err)?,
+    }
     sqlx::query("INSERT INTO room_probe (pad) VALUES (repeat('x', $1))")
         .bind(ROOM_PROBE_BYTES)
         .execute(&mut *tx)
-        .await?;
-    tx.rollback().await
+        .await
+        .map_err(map_err)?;
+    tx.rollback().await.map_err(map_err)
 }
+
+/// SQLSTATE `55P03`: a lock wait passed `lock_timeout`, or a `NOWAIT` lock was held.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
 
 /// Runs `sql` (one or more statements, no parameters) with the simple query protocol: one
 /// round trip for all of them.
@@ -334,7 +354,7 @@ pub(crate) fn sqlstate(err: &sqlx::Error) -> Option<String> {
 pub(crate) fn map_err(err: sqlx::Error) -> StoreError {
     match sqlstate(&err).as_deref() {
         Some("53100") => return StoreError::Full,
-        Some("55P03") => {
+        Some(LOCK_NOT_AVAILABLE) => {
             return StoreError::Unavailable(
                 "postgres: a lock wait passed the wait limit (lock_timeout), most likely a \
                  concurrent uncommitted claim of the same key"
@@ -561,7 +581,8 @@ impl Store for PostgresStore {
     /// 16 KiB into an emptied `room_probe`, rolled back. Emptying it in the
     /// same transaction gives the table new, empty files, so space freed by earlier probes
     /// cannot answer for the disk; rolling back removes them again. The database reads as
-    /// ready once that fits, before any provider retries.
+    /// ready once that fits, before any provider retries. Another instance probing at the
+    /// same moment makes this one answer full without waiting.
     async fn ping(&self) -> Result<(), StoreError> {
         let standby: bool = sqlx::query("SELECT pg_is_in_recovery()")
             .fetch_one(self.pool())
@@ -574,7 +595,7 @@ impl Store for PostgresStore {
             ));
         }
         if self.inner.ingest_full.is_set() {
-            let probed = room_probe(self.pool()).await.map_err(map_err);
+            let probed = room_probe(self.pool()).await;
             report_room(self.inner.ingest_full.note(&probed));
             probed?;
         }

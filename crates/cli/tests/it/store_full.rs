@@ -406,6 +406,23 @@ async fn a_full_postgres_database_is_not_ready_until_there_is_room_and_then_take
     let (answered, first_full) = fill(&gw, "stripe", &run, incompressible).await;
     let accepted = check_history(&gw, "stripe", &answered).await;
     assert_full(&gw).await;
+    // Another instance probing the same database at this moment holds `room_probe`: this one
+    // answers what it knows, "store full", instead of queueing behind it until `lock_timeout`
+    // and answering "store unavailable".
+    let mut other = sqlx::PgConnection::connect(&ts.url())
+        .await
+        .expect("a session of another instance");
+    sqlx::raw_sql("BEGIN; LOCK TABLE room_probe IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut other)
+        .await
+        .expect("holding room_probe");
+    let (status, ready) = gw.admin_get("/readyz").await;
+    assert_eq!(
+        (status, ready["reason"].as_str()),
+        (503, Some("store full")),
+        "{ready}"
+    );
+    other.close().await.expect("ending that session");
 
     ts.resize(64 * 1024 * 1024);
     eventually(
