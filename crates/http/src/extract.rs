@@ -2,7 +2,7 @@
 //! JSON body in plain text, and every admin API error is `{"code", "message"}`.
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::Json;
@@ -20,6 +20,38 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     scheme
         .eq_ignore_ascii_case("bearer")
         .then(|| token.trim_matches(|c| c == ' ' || c == '\t'))
+}
+
+/// A route's one path parameter (`/in/{source}`, `/v1/requests/{id}`), percent-decoded.
+/// axum's `Path<String>` refuses a parameter whose decoded bytes are not UTF-8 (`/in/%FF`)
+/// with a plain-text 400 before the handler runs: no `{"code", "message"}` body and, on the
+/// ingest listener, no history record. This keeps such bytes as U+FFFD instead, and the
+/// handler refuses the name or id as the unknown one it is, in the API's own format.
+pub(crate) struct PathText(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathText {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        if let Ok(Path(text)) = Path::<String>::from_request_parts(parts, state).await {
+            return Ok(PathText(text));
+        }
+        // The router decodes parameters as it matches and keeps none that is not UTF-8: take
+        // the segment from the URI, where the route's template has its parameter.
+        let raw = parts
+            .extensions
+            .get::<MatchedPath>()
+            .and_then(|template| {
+                let index = template
+                    .as_str()
+                    .split('/')
+                    .position(|s| s.starts_with('{'))?;
+                parts.uri.path().split('/').nth(index)
+            })
+            .unwrap_or_default();
+        let bytes: Vec<u8> = percent_encoding::percent_decode_str(raw).collect();
+        Ok(PathText(String::from_utf8_lossy(&bytes).into_owned()))
+    }
 }
 
 /// [`Query`], refused with 400 `invalid_parameter`.

@@ -75,6 +75,30 @@ async fn an_unknown_source_is_refused_with_404_and_claims_nothing() {
     assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
 }
 
+/// A `{source}` whose percent-decoded bytes are not UTF-8 (found by `scripts/fuzz`): refused
+/// as the unknown source it is, in JSON and recorded, as any other name; before, axum's path
+/// extractor answered a plain-text 400 and nothing was recorded. The admin API's ids likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_name_that_is_not_utf8_is_refused_as_unknown_in_json_and_recorded() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let (status, _, body) = gw
+        .ingest()
+        .request(Method::POST, "/in/stri%FFpe", "{\"id\":\"evt_x\"}")
+        .await;
+    assert_refused(&gw, (status, body), 404, "unknown_source").await;
+    assert_eq!(
+        gw.requests("verdict=rejected").await[0]["source"],
+        "stri\u{FFFD}pe"
+    );
+    for path in ["/v1/requests/%FF", "/v1/deliveries/%C3%28"] {
+        let (status, body) = gw.admin_get(path).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert!(body["code"].is_string(), "{path}: {body}");
+        assert!(body["message"].is_string(), "{path}: {body}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_method_on_a_source_is_refused_with_405_in_json_and_recorded() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;

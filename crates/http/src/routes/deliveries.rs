@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use hooklatch_core::store::{DeliveryFilter, DeliveryState, Redrive};
@@ -10,7 +10,7 @@ use hooklatch_core::{DeliveryId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::extract::ApiQuery;
+use crate::extract::{ApiQuery, PathText};
 use crate::routes::requests::{delivery_json, page_limit};
 use crate::{AdminState, ApiError};
 
@@ -64,7 +64,7 @@ pub(crate) async fn list(
 /// Moves a dead-lettered delivery back to the queue; it keeps its `Idempotency-Key`.
 pub(crate) async fn retry(
     State(state): State<Arc<AdminState>>,
-    Path(id): Path<String>,
+    PathText(id): PathText,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let id = DeliveryId::parse(&id).ok_or_else(|| ApiError::not_found("no such delivery"))?;
     match state.store.redrive(id, Timestamp::now()).await? {

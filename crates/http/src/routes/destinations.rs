@@ -9,14 +9,14 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use hooklatch_core::store::DisabledDestination;
 use hooklatch_core::Timestamp;
 use serde_json::{json, Value};
 
-use crate::extract::optional_reason;
+use crate::extract::{optional_reason, PathText};
 use crate::{AdminState, ApiError};
 
 fn destination_json(name: &str, kind: &str, disabled: Option<&DisabledDestination>) -> Value {
@@ -60,7 +60,7 @@ pub(crate) async fn list(State(state): State<Arc<AdminState>>) -> Result<Json<Va
 
 pub(crate) async fn disable(
     State(state): State<Arc<AdminState>>,
-    Path(name): Path<String>,
+    PathText(name): PathText,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let reason = optional_reason(&body)?;
@@ -94,7 +94,7 @@ pub(crate) async fn disable(
 
 pub(crate) async fn enable(
     State(state): State<Arc<AdminState>>,
-    Path(name): Path<String>,
+    PathText(name): PathText,
 ) -> Result<Json<Value>, ApiError> {
     let kind = kind_of(&state, &name)?;
     let (copy, store, who) = (state.disabled.clone(), state.store.clone(), name.clone());

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -30,6 +30,7 @@ use hooklatch_core::{
 };
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::extract::PathText;
 use crate::{ApiError, ExternalKeys, IngestState, Source};
 
 pub(crate) fn router(state: Arc<IngestState>) -> Router {
@@ -53,7 +54,7 @@ async fn no_route() -> ApiError {
 /// recorded in history like every refusal, with its body as far as the limit.
 async fn other_method(
     State(state): State<Arc<IngestState>>,
-    Path(source_name): Path<String>,
+    PathText(source_name): PathText,
     req: Request,
 ) -> Response {
     let (parts, body) = req.into_parts();
@@ -85,7 +86,7 @@ async fn other_method(
 
 async fn ingest(
     State(state): State<Arc<IngestState>>,
-    Path(source_name): Path<String>,
+    PathText(source_name): PathText,
     req: Request,
 ) -> Response {
     let started = Instant::now();
@@ -176,7 +177,7 @@ async fn process(
 /// GET (Twilio voice), an event like a POST with an empty body. Other providers get 405.
 async fn check(
     State(state): State<Arc<IngestState>>,
-    Path(source_name): Path<String>,
+    PathText(source_name): PathText,
     req: Request,
 ) -> Response {
     let started = Instant::now();

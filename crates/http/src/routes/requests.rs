@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine;
@@ -15,7 +15,7 @@ use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::extract::{invalid_body, optional_reason, ApiJson, ApiQuery};
+use crate::extract::{invalid_body, optional_reason, ApiJson, ApiQuery, PathText};
 use crate::{AdminState, ApiError};
 
 /// Page size when none is asked for, and the most one page may hold.
@@ -82,7 +82,7 @@ pub(crate) async fn list(
 
 pub(crate) async fn show(
     State(state): State<Arc<AdminState>>,
-    Path(id): Path<String>,
+    PathText(id): PathText,
 ) -> Result<Json<Value>, ApiError> {
     let id = RequestId::parse(&id).ok_or_else(|| ApiError::not_found("no such request"))?;
     let detail = state
@@ -130,7 +130,7 @@ pub(crate) struct RedeliverBody {
 /// their own ids and the events' original `Idempotency-Key`s, so the handler's guard decides.
 pub(crate) async fn redeliver(
     State(state): State<Arc<AdminState>>,
-    Path(id): Path<String>,
+    PathText(id): PathText,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     // The body is optional: none, or `{"destination": "…"}` (its content type not required).
@@ -213,7 +213,7 @@ pub(crate) async fn redeliver(
 /// not decided again, and a dismissed one is not released.
 pub(crate) async fn dismiss(
     State(state): State<Arc<AdminState>>,
-    Path(id): Path<String>,
+    PathText(id): PathText,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let reason = optional_reason(&body)?;
