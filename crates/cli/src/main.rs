@@ -242,7 +242,8 @@ struct SendArgs {
     /// The event type (default: the provider's first, e.g. invoice.payment_succeeded).
     #[arg(long, value_name = "TYPE")]
     event: Option<String>,
-    /// The event id (default: a fresh one shaped like the provider's).
+    /// The event id (default: a fresh one shaped like the provider's): visible ASCII without
+    /// spaces, quotes or backslashes, as providers send.
     #[arg(long)]
     id: Option<String>,
     /// The signing secret: a literal, env:NAME or file:PATH.
@@ -536,7 +537,7 @@ struct CheckArgs {
     /// The test event's type (default: the provider's first).
     #[arg(long, value_name = "TYPE", requires = "provider")]
     event: Option<String>,
-    /// The first test event's id (default: fresh).
+    /// The first test event's id (default: fresh), as `send --id` takes it.
     #[arg(long, requires = "provider")]
     id: Option<String>,
     /// Or a captured event: req_N, dlv_N or an export file.

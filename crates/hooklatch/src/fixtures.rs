@@ -137,6 +137,13 @@ pub enum FixtureError {
         /// The types there are.
         known: String,
     },
+    /// An `--id` no provider would send: the id goes as it is into headers (GitHub's delivery
+    /// id, Standard Webhooks' `webhook-id`, signed with the body) and into the JSON body.
+    #[error(
+        "id {0:?} is not one a provider sends: use visible ASCII without spaces, quotes or \
+         backslashes (an id goes as it is into headers and the JSON body)"
+    )]
+    BadId(String),
 }
 
 /// The providers and event names there are fixtures for.
@@ -218,6 +225,12 @@ pub fn build(
             .collect::<Vec<_>>()
             .join(", "),
     })?;
+    if let Some(id) = id {
+        let sendable = |b: u8| b.is_ascii_graphic() && b != b'"' && b != b'\\';
+        if id.is_empty() || !id.bytes().all(sendable) {
+            return Err(FixtureError::BadId(id.to_owned()));
+        }
+    }
     let key = id.map(str::to_owned).unwrap_or_else(|| fresh_id(provider));
     // An id sent again is a provider's retry, which carries the first delivery's body: with an
     // id given, the body's own time comes from the id, so a second send is a duplicate, not a
@@ -288,6 +301,30 @@ mod tests {
     use super::*;
 
     const URL: &str = "http://127.0.0.1:8080/in/test";
+
+    #[test]
+    fn an_id_no_provider_would_send_is_refused_naming_it() {
+        let now = Timestamp::from_secs(1_700_000_000);
+        let secret = Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
+        for bad in ["", "évt_1", "evt 1", "evt\"1", "evt\\1", "evt\n1"] {
+            let err = build("standard-webhooks", None, Some(bad), &secret, URL, now)
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(
+                matches!(&err, FixtureError::BadId(id) if id == bad),
+                "{err}"
+            );
+            assert!(err.to_string().contains("visible ASCII"), "{err}");
+        }
+        for good in [
+            "evt_1NG8Du2eZvKYlo2C",
+            "msg_2KWPBgLlAfxdpx2AI54pPJ85f4W",
+            "1234567890",
+        ] {
+            let event = build("github", None, Some(good), &secret, URL, now).unwrap();
+            assert_eq!(event.key, good);
+        }
+    }
 
     #[test]
     fn every_fixture_verifies_with_its_adapter_and_yields_its_key() {
