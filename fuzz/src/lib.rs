@@ -1,6 +1,8 @@
 //! What the fuzz targets share: one adapter per provider (and per setting that changes how it
 //! reads a request), the secrets they are configured with, and headers built from fuzz input.
 
+pub mod ingest;
+
 use arbitrary::Arbitrary;
 use hooklatch_core::provider::{
     Discord, Generic, GenericSettings, GitHub, Paddle, ProviderAdapter, Razorpay, Shopify,

@@ -1,0 +1,216 @@
+//! The ingest listener as a provider, a scanner or an attacker reaches it: any method, path,
+//! query, headers and body against a gateway with one source per adapter, in process, over a
+//! store the target chooses. Nothing may panic; no answer is a 5xx; every refusal (4xx) is the
+//! JSON error body clients rely on (`{"code": …, "message": …}`); and a request signed as the
+//! provider signs, once accepted, is a duplicate when it comes again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use arbitrary::Arbitrary;
+use axum::body::Body;
+use hooklatch_core::{SourceName, Store, Timestamp};
+use hooklatch_http::{ingest_router, IngestState, Source, VERDICT_HEADER};
+use http::{HeaderMap, Method, Request, Response, Uri};
+use http_body_util::BodyExt;
+use tokio::sync::Notify;
+use tower::ServiceExt;
+
+use crate::{adapters, headers, secrets, sendable, signed, Name};
+
+/// The body limit the gateway is given: small, so that inputs can reach it.
+const BODY_LIMIT: usize = 2048;
+
+#[derive(Arbitrary, Debug)]
+pub enum SourceChoice<'a> {
+    /// One of the configured sources (by index, wrapping): `s0`, `s1`, …
+    Configured(u8),
+    /// Any text as the `{source}` path segment (and whatever else it makes of the path).
+    Other(&'a str),
+}
+
+#[derive(Arbitrary, Debug)]
+pub struct Input<'a> {
+    pub source: SourceChoice<'a>,
+    pub method: u8,
+    pub query: Option<&'a str>,
+    pub headers: Vec<(Name<'a>, &'a [u8])>,
+    pub body: &'a [u8],
+    /// Whether to sign the body as the source's provider does, send it, and send it again.
+    pub sign: bool,
+    pub event_key: &'a str,
+}
+
+pub fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+    })
+}
+
+/// A gateway's ingest router with one source per adapter (`s0`, `s1`, …) over `store`.
+fn gateway(store: Arc<dyn Store>) -> axum::Router {
+    let sources = adapters()
+        .into_iter()
+        .enumerate()
+        .map(|(i, fuzzed)| {
+            let name = format!("s{i}");
+            let source = Source {
+                name: SourceName::parse(&name).expect("a source name"),
+                adapter: Arc::from(fuzzed.adapter),
+                secrets: secrets(),
+                tolerance: Duration::from_secs(300),
+                retention: Duration::from_secs(3600),
+                destinations: vec!["app".to_owned()],
+            };
+            (name, source)
+        })
+        .collect::<HashMap<_, _>>();
+    ingest_router(Arc::new(IngestState {
+        store,
+        sources,
+        body_limit: BODY_LIMIT,
+        body_timeout: Duration::from_secs(5),
+        enqueued: Arc::new(Notify::new()),
+        keys: None,
+        handoff: None,
+    }))
+}
+
+/// Sends one request; its status, its verdict (the header, or the JSON answer's `status`) and
+/// its body.
+async fn send(
+    router: &axum::Router,
+    method: &Method,
+    uri: &Uri,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> (u16, Option<String>, Vec<u8>) {
+    let mut request = Request::builder()
+        .method(method.clone())
+        .uri(uri.clone())
+        .body(Body::from(body.to_vec()))
+        .expect("a request from parts that parsed");
+    *request.headers_mut() = headers.clone();
+    let response: Response<Body> = router
+        .clone()
+        .oneshot(request)
+        .await
+        .expect("routers do not fail");
+    let status = response.status().as_u16();
+    let header_verdict = response
+        .headers()
+        .get(VERDICT_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("an in-memory body")
+        .to_bytes()
+        .to_vec();
+    let verdict = header_verdict.or_else(|| {
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()?
+            .get("status")?
+            .as_str()
+            .map(str::to_owned)
+    });
+    (status, verdict, bytes)
+}
+
+/// The promises every answer keeps: no 5xx, and a 4xx is `{"code": …, "message": …}` (but to
+/// `HEAD`, whose answers carry no body).
+fn check_answer(method: &Method, status: u16, body: &[u8]) {
+    assert!(
+        status < 500,
+        "a {status} answer: {}",
+        String::from_utf8_lossy(body)
+    );
+    if status >= 400 && method != Method::HEAD {
+        let json: serde_json::Value = serde_json::from_slice(body).unwrap_or_else(|_| {
+            panic!(
+                "a {status} answer that is not JSON: {}",
+                String::from_utf8_lossy(body)
+            )
+        });
+        assert!(
+            json.get("code").and_then(|c| c.as_str()).is_some()
+                && json.get("message").and_then(|m| m.as_str()).is_some(),
+            "a {status} answer without a code and a message: {json}"
+        );
+    }
+}
+
+/// Sends `input` to a new ingest router over `store`, then checks the answers (the module's
+/// doc says what).
+pub fn run(input: &Input<'_>, store: Arc<dyn Store>) {
+    let adapters = adapters();
+    let name = match &input.source {
+        SourceChoice::Configured(i) => format!("s{}", usize::from(*i) % adapters.len()),
+        SourceChoice::Other(name) => (*name).to_owned(),
+    };
+    // The source the path names, if it is a configured one (any text may spell `s3`).
+    let configured = name
+        .strip_prefix('s')
+        .and_then(|i| i.parse::<usize>().ok())
+        .filter(|&i| i < adapters.len() && name == format!("s{i}"));
+    let fuzzed = &adapters[configured.unwrap_or(0)];
+    let adapter = &*fuzzed.adapter;
+    let method = match input.method % 8 {
+        0..=3 => Method::POST,
+        4 => Method::GET,
+        5 => Method::PUT,
+        6 => Method::DELETE,
+        _ => Method::HEAD,
+    };
+    let path = match input.query {
+        Some(query) => format!("/in/{name}?{query}"),
+        None => format!("/in/{name}"),
+    };
+    let Ok(uri) = path.parse::<Uri>() else {
+        return;
+    };
+    let headers = headers(adapter, &input.headers);
+    let router = gateway(store);
+    runtime().block_on(async {
+        let (status, _, body) = send(&router, &method, &uri, &headers, input.body).await;
+        check_answer(&method, status, &body);
+
+        if input.sign && method == Method::POST {
+            let url = format!("http://127.0.0.1:8080{path}");
+            let signed = signed(adapter, input.body, input.event_key, Timestamp::now(), &url);
+            let (first, verdict, first_body) =
+                send(&router, &method, &uri, &signed, input.body).await;
+            check_answer(&method, first, &first_body);
+            let (again, again_verdict, again_body) =
+                send(&router, &method, &uri, &signed, input.body).await;
+            check_answer(&method, again, &again_body);
+            if verdict.as_deref() == Some("accepted") {
+                assert_eq!(
+                    (again, again_verdict.as_deref()),
+                    (first, Some("duplicate")),
+                    "the same signed request again: {}",
+                    String::from_utf8_lossy(&again_body)
+                );
+            }
+            // Signed as the provider signs, within the body limit, the only refusals left are
+            // the body's own (no key, not JSON), never the signature's (401).
+            let round_trips = sendable(&signed) && fuzzed.round_trips;
+            if configured.is_some() && round_trips && input.body.len() <= BODY_LIMIT {
+                assert_ne!(
+                    first,
+                    401,
+                    "{}: a signed request refused: {}",
+                    adapter.provider(),
+                    String::from_utf8_lossy(&first_body)
+                );
+            }
+        }
+    });
+}
