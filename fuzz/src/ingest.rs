@@ -22,6 +22,7 @@ use crate::{adapters, headers, secrets, sendable, signed, Name};
 /// The body limit the gateway is given: small, so that inputs can reach it.
 const BODY_LIMIT: usize = 2048;
 
+/// The `{source}` a request names.
 #[derive(Arbitrary, Debug)]
 pub enum SourceChoice<'a> {
     /// One of the configured sources (by index, wrapping): `s0`, `s1`, …
@@ -30,18 +31,26 @@ pub enum SourceChoice<'a> {
     Other(&'a str),
 }
 
+/// One input: a request, and whether to send a signed copy of its body twice after it.
 #[derive(Arbitrary, Debug)]
 pub struct Input<'a> {
+    /// The source in the path.
     pub source: SourceChoice<'a>,
+    /// POST (half the time), GET, PUT, DELETE or HEAD.
     pub method: u8,
+    /// The query string, if any.
     pub query: Option<&'a str>,
+    /// The headers (see [`Name`]).
     pub headers: Vec<(Name<'a>, &'a [u8])>,
+    /// The body.
     pub body: &'a [u8],
     /// Whether to sign the body as the source's provider does, send it, and send it again.
     pub sign: bool,
+    /// The event key signing uses where the provider carries it in a header.
     pub event_key: &'a str,
 }
 
+/// The one runtime every input runs on (current-thread, with time for the body timeout).
 pub fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
