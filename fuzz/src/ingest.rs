@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use axum::body::Body;
-use hooklatch_core::{SourceName, Store, Timestamp};
-use hooklatch_http::{ingest_router, IngestState, Source, VERDICT_HEADER};
+use hooklatch_core::{RequestId, SourceName, Store, Timestamp};
+use hooklatch_http::{ingest_router, IngestState, Source, REQUEST_ID_HEADER, VERDICT_HEADER};
 use http::{HeaderMap, Method, Request, Response, Uri};
 use http_body_util::BodyExt;
 use tokio::sync::Notify;
@@ -91,9 +91,11 @@ fn gateway(store: Arc<dyn Store>) -> axum::Router {
 }
 
 /// Sends one request; its status, its verdict (the header, or the JSON answer's `status`) and
-/// its body.
+/// its body. An answer that names the request's id in history (`hooklatch-request-id`, or the
+/// JSON answer's `request_id`) must find there the request as it was sent, byte for byte.
 async fn send(
     router: &axum::Router,
+    store: &dyn Store,
     method: &Method,
     uri: &Uri,
     headers: &HeaderMap,
@@ -111,11 +113,14 @@ async fn send(
         .await
         .expect("routers do not fail");
     let status = response.status().as_u16();
-    let header_verdict = response
-        .headers()
-        .get(VERDICT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let (header_verdict, header_id) = (header(VERDICT_HEADER), header(REQUEST_ID_HEADER));
     let bytes = response
         .into_body()
         .collect()
@@ -123,13 +128,32 @@ async fn send(
         .expect("an in-memory body")
         .to_bytes()
         .to_vec();
-    let verdict = header_verdict.or_else(|| {
-        serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()?
-            .get("status")?
-            .as_str()
-            .map(str::to_owned)
-    });
+    let json = serde_json::from_slice::<serde_json::Value>(&bytes).ok();
+    let field = |name: &str| {
+        json.as_ref()
+            .and_then(|j| j.get(name)?.as_str().map(str::to_owned))
+    };
+    let verdict = header_verdict.or_else(|| field("status"));
+    if let Some(id) = header_id.or_else(|| field("request_id")) {
+        let id = RequestId::parse(&id).expect("an answer names a request id history can parse");
+        let kept = store
+            .get_request(id)
+            .await
+            .expect("the store reads back")
+            .expect("the request the answer names is in history");
+        assert_eq!(kept.body.as_ref(), body, "the body kept for {id:?}");
+        assert!(!kept.body_truncated);
+        let sent: Vec<(String, Vec<u8>)> = headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        assert_eq!(kept.headers, sent, "the headers kept for {id:?}");
+        assert_eq!(kept.method, method.as_str());
+        assert_eq!(
+            Some(kept.path.as_str()),
+            uri.path_and_query().map(|p| p.as_str())
+        );
+    }
     (status, verdict, bytes)
 }
 
@@ -186,19 +210,19 @@ pub fn run(input: &Input<'_>, store: Arc<dyn Store>) {
         return;
     };
     let headers = headers(adapter, &input.headers);
-    let router = gateway(store);
+    let router = gateway(store.clone());
     runtime().block_on(async {
-        let (status, _, body) = send(&router, &method, &uri, &headers, input.body).await;
+        let (status, _, body) = send(&router, &*store, &method, &uri, &headers, input.body).await;
         check_answer(&method, status, &body);
 
         if input.sign && method == Method::POST {
             let url = format!("http://127.0.0.1:8080{path}");
             let signed = signed(adapter, input.body, input.event_key, Timestamp::now(), &url);
             let (first, verdict, first_body) =
-                send(&router, &method, &uri, &signed, input.body).await;
+                send(&router, &*store, &method, &uri, &signed, input.body).await;
             check_answer(&method, first, &first_body);
             let (again, again_verdict, again_body) =
-                send(&router, &method, &uri, &signed, input.body).await;
+                send(&router, &*store, &method, &uri, &signed, input.body).await;
             check_answer(&method, again, &again_body);
             if verdict.as_deref() == Some("accepted") {
                 assert_eq!(
