@@ -667,71 +667,103 @@ async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
     broker.clean_up().await;
 }
 
-/// `hooklatch check-config` and `hooklatch serve` refuse an `amqps://` destination before
-/// anything starts: exit status 2, the reason and a way out, no panic, no password. Needs no
-/// broker: nothing may connect.
-#[test]
-fn an_amqps_destination_is_refused_by_check_config_and_serve_without_its_password() {
+/// The broker behind a TLS-terminating proxy (the testkit's, with a private CA), and the
+/// broker's URL rewritten to reach it as `amqps://localhost:<port>`.
+async fn behind_tls(
+    url: &str,
+) -> (
+    hooklatch_testkit::tls::TestCa,
+    hooklatch_testkit::tls::TlsTerminator,
+    String,
+) {
+    let ca = hooklatch_testkit::tls::TestCa::new("hooklatch e2e CA");
+    let upstream = reqwest::Url::parse(url).expect("the broker's URL");
+    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
+        upstream.host_str().expect("a host").to_owned(),
+        upstream.port().unwrap_or(5672),
+    ))
+    .expect("resolving the broker")
+    .next()
+    .expect("an address");
+    let tls =
+        hooklatch_testkit::tls::TlsTerminator::start(upstream, &ca.server(&["localhost"]), None)
+            .await
+            .expect("the TLS proxy listens");
+    let mut amqps = reqwest::Url::parse(url).expect("the broker's URL");
+    amqps.set_scheme("amqps").expect("amqps");
+    amqps.set_host(Some("localhost")).expect("a host");
+    amqps.set_port(Some(tls.addr().port())).expect("a port");
+    (ca, tls, amqps.to_string())
+}
+
+/// `amqps://` end to end: a real `hooklatch serve` whose RabbitMQ destination speaks TLS (to
+/// a TLS-terminating proxy in front of the real broker, its certificate from a private CA
+/// given by `amqp_ca_file`) publishes an accepted event once, keyed by its event. Without the
+/// CA the same gateway cannot trust the broker: every attempt fails on the certificate
+/// (recorded as the delivery's error, no password in it), the event is dead-lettered, not
+/// lost, and nothing — no credentials, no message — reached the broker in plain text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amqps_destination_publishes_over_tls_and_an_untrusted_broker_gets_nothing() {
+    let Some(url) = broker_url() else { return };
+    let _broker_up = BROKER.read().await;
+    let mut broker = TestBroker::connect(&url).await;
+    let exchange = format!("hooklatch-e2e-x-{}", unique("tls"));
+    let queue = format!("hooklatch-e2e-q-{}", unique("tls"));
+    broker.owns(&exchange, &queue);
+    let (ca, tls, amqps) = behind_tls(&url).await;
     let dir = tempfile::tempdir().expect("a temp dir");
-    let config = dir.path().join("hooklatch.toml");
-    std::fs::write(
-        &config,
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-admin_token = "env:HOOKLATCH_ADMIN_TOKEN"
+    let ca_file = dir.path().join("rabbit-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("writing the CA");
+    let settings = format!(
+        "exchange = \"{exchange}\"\nrouting_key = \"payment.confirmed\"\ndeclare = true\nqueue = \"{queue}\""
+    );
 
-[store]
-url = "sqlite://hooklatch.db"
-
-[[sources]]
-name = "stripe"
-provider = "stripe"
-secrets = ["whsec_local_development_only"]
-destinations = ["mq"]
-
-[[destinations]]
-name = "mq"
-amqp = "env:E2E_AMQP_URL"
-exchange = "payments"
-routing_key = "payment.confirmed"
-"#,
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        options(
+            &amqps,
+            &format!("{settings}\namqp_ca_file = \"{}\"", ca_file.display()),
+        ),
     )
-    .expect("writing the config");
-    for verb in ["check-config", "serve"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
-            .args([verb, "--config"])
-            .arg(&config)
-            .current_dir(dir.path())
-            .env("HOOKLATCH_ADMIN_TOKEN", "e2e-admin-token-0123456789abcdef")
-            .env(
-                "E2E_AMQP_URL",
-                "amqps://guest:pa55word@mq.internal:5671/%2f",
-            )
-            .stdin(Stdio::null())
-            .output()
-            .expect("running hooklatch");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(out.status.code(), Some(2), "{verb}: {stdout}\n{stderr}");
-        assert!(
-            stderr.contains(
-                "destinations[0].amqp: amqps:// (TLS to RabbitMQ) is not supported in this build"
-            ),
-            "{verb}: {stderr}"
-        );
-        assert!(stderr.contains("TLS-terminating proxy"), "{verb}: {stderr}");
-        assert!(!stderr.contains("panicked"), "{verb}: {stderr}");
-        assert!(
-            !stderr.contains("pa55word") && !stdout.contains("pa55word"),
-            "{verb}: {stdout}\n{stderr}"
-        );
-        assert!(
-            !dir.path().join("hooklatch.db").exists(),
-            "{verb} opened the store before refusing the destination"
-        );
-    }
+    .await;
+    let key = send_accepted(&gw, "evt_tls").await;
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    let msg = broker
+        .get_within(&queue, Duration::from_secs(10))
+        .await
+        .expect("the payment is in the queue");
+    assert_eq!(message_id(&msg), Some(key.clone()));
+    assert!(tls.handshakes() >= 1 && tls.upstream_connections() >= 1);
+    drop(gw);
+
+    let refused_before = tls.refused();
+    let upstream_before = tls.upstream_connections();
+    let gw = Gateway::start_with(&handler, options(&amqps, &settings)).await;
+    let key = send_accepted(&gw, "evt_untrusted").await;
+    let dead = gw.wait_for_delivery_state(&key, "dead").await;
+    assert_eq!(dead["attempts"], 3, "{dead:#}");
+    let listed = gw.deliveries("state=dead").await;
+    let row = listed
+        .iter()
+        .find(|d| d["idempotency_key"] == key.as_str())
+        .unwrap_or_else(|| panic!("not in the dead-letter: {listed:#?}"));
+    let error = row["last_error"].as_str().unwrap_or("");
+    assert!(error.contains("invalid peer certificate"), "{row:#}");
+    assert!(!error.contains("guest:guest"), "{error}");
+    assert!(
+        tls.refused_at_least(refused_before + 1, Duration::from_secs(10))
+            .await
+            > refused_before
+    );
+    assert_eq!(tls.upstream_connections(), upstream_before);
+    assert!(broker
+        .get_within(&queue, Duration::from_millis(500))
+        .await
+        .is_none());
+
+    drop(gw);
+    broker.clean_up().await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -228,6 +228,10 @@ pub struct AmqpSettings {
     pub delivery_limit: Option<u32>,
     /// With `queue`: its `x-dead-letter-exchange` (at-least-once on a quorum queue).
     pub dead_letter_exchange: Option<String>,
+    /// What `amqps://` URLs trust besides the built-in roots (`amqp_ca_file`) and the client
+    /// certificate they present (`amqp_client_cert`, `amqp_client_key`); read and checked at
+    /// load.
+    pub tls: hooklatch_queue_rabbitmq::TlsConfig,
 }
 
 impl AmqpSettings {
@@ -260,6 +264,8 @@ impl std::fmt::Debug for AmqpSettings {
             .field("max_length", &self.max_length)
             .field("delivery_limit", &self.delivery_limit)
             .field("dead_letter_exchange", &self.dead_letter_exchange)
+            .field("tls_ca", &self.tls.ca_pem.is_some())
+            .field("tls_client_certificate", &self.tls.client.is_some())
             .finish()
     }
 }
@@ -347,6 +353,9 @@ struct RawDestination {
     secret: Option<String>,
     amqp: Option<String>,
     amqp_fallback: Option<Vec<String>>,
+    amqp_ca_file: Option<String>,
+    amqp_client_cert: Option<String>,
+    amqp_client_key: Option<String>,
     listen_token: Option<String>,
     allow: Option<Vec<String>>,
     exchange: Option<String>,
@@ -367,9 +376,12 @@ struct RawDestination {
 }
 
 /// The keys only an `amqp` destination takes, and whether `rd` sets each.
-fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 9] {
+fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 12] {
     [
         ("amqp_fallback", rd.amqp_fallback.is_some()),
+        ("amqp_ca_file", rd.amqp_ca_file.is_some()),
+        ("amqp_client_cert", rd.amqp_client_cert.is_some()),
+        ("amqp_client_key", rd.amqp_client_key.is_some()),
         ("exchange", rd.exchange.is_some()),
         ("routing_key", rd.routing_key.is_some()),
         ("declare", rd.declare.is_some()),
@@ -452,14 +464,6 @@ fn listen_kind(
     let secret = signing_secret(key, rd, env, base_dir)?;
     Ok(DestinationKind::Listen { token, secret })
 }
-
-/// The scheme of AMQP over TLS, refused: this build has no TLS stack for RabbitMQ.
-const AMQPS: &str = "amqps://";
-
-/// Why an `amqps://` destination is refused, and what to do instead.
-const AMQPS_UNSUPPORTED: &str = "amqps:// (TLS to RabbitMQ) is not supported in this build; \
-    point amqp:// at a local TLS-terminating proxy (e.g. stunnel or HAProxy on 127.0.0.1 \
-    forwarding to the broker's TLS port), or use plain amqp:// on a private network";
 
 /// A destination's `url` (HTTP) or `amqp` (RabbitMQ) half, checked: exactly one of the two,
 /// and only the keys of that kind.
@@ -588,6 +592,10 @@ fn destination_kind(
             }
             let max_length = queue_count(format!("{key}.max_length"), rd.max_length)?;
             let delivery_limit = queue_count(format!("{key}.delivery_limit"), rd.delivery_limit)?;
+            let tls_urls = std::iter::once(&url)
+                .chain(&fallback)
+                .any(|u| hooklatch_queue_rabbitmq::is_tls_url(u.expose_text().unwrap_or_default()));
+            let tls = amqp_tls(key, rd, tls_urls, env, base_dir)?;
             if declare && exchange.is_empty() && rd.queue.is_none() {
                 return Err(err(
                     format!("{key}.declare"),
@@ -605,12 +613,93 @@ fn destination_kind(
                 max_length,
                 delivery_limit,
                 dead_letter_exchange: rd.dead_letter_exchange.clone(),
+                tls,
             }))
         }
     }
 }
 
-/// An AMQP URL (or a reference to one) at `field`, checked: `amqp://`, parseable, not `amqps://`.
+/// A RabbitMQ destination's TLS files, read and checked: `amqp_ca_file` (PEM certificates, a
+/// path), `amqp_client_cert` (a path) with `amqp_client_key` (a secret reference), both or
+/// neither; each only when one of its URLs is `amqps://` (`tls_urls`), so that no one reads a
+/// CA file in the configuration of a connection that sends plain text. Relative paths are
+/// from the configuration file's directory.
+fn amqp_tls(
+    key: &str,
+    rd: &RawDestination,
+    tls_urls: bool,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<hooklatch_queue_rabbitmq::TlsConfig, ConfigError> {
+    let set = [
+        ("amqp_ca_file", rd.amqp_ca_file.is_some()),
+        ("amqp_client_cert", rd.amqp_client_cert.is_some()),
+        ("amqp_client_key", rd.amqp_client_key.is_some()),
+    ];
+    if let Some((name, _)) = set.iter().find(|(_, set)| *set) {
+        if !tls_urls {
+            return Err(err(
+                format!("{key}.{name}"),
+                "applies only to amqps:// URLs (TLS); this destination's URLs are all amqp://, \
+                 which sends everything in plain text",
+            ));
+        }
+    }
+    let read = |name: &str, path: &str| -> Result<String, ConfigError> {
+        let path = Path::new(path);
+        let path = match base_dir {
+            Some(dir) if path.is_relative() => dir.join(path),
+            _ => path.to_path_buf(),
+        };
+        std::fs::read_to_string(&path).map_err(|e| {
+            err(
+                format!("{key}.{name}"),
+                format!("reading {}: {e}", path.display()),
+            )
+        })
+    };
+    let ca_pem = match &rd.amqp_ca_file {
+        None => None,
+        Some(path) => {
+            let pem = read("amqp_ca_file", path)?;
+            hooklatch_queue_rabbitmq::check_ca_pem(&pem)
+                .map_err(|e| err(format!("{key}.amqp_ca_file"), format!("{path}: {e}")))?;
+            Some(pem)
+        }
+    };
+    let client = match (&rd.amqp_client_cert, &rd.amqp_client_key) {
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(err(
+                format!("{key}.amqp_client_key"),
+                "is required with amqp_client_cert (the certificate's private key)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(err(
+                format!("{key}.amqp_client_cert"),
+                "is required with amqp_client_key (the key's certificate)",
+            ))
+        }
+        (Some(cert), Some(reference)) => {
+            let cert_pem = read("amqp_client_cert", cert)?;
+            let key_pem = read_secret(&format!("{key}.amqp_client_key"), reference, env, base_dir)?;
+            let identity = hooklatch_queue_rabbitmq::ClientIdentity {
+                cert_pem,
+                key_pem: key_pem
+                    .expose_text()
+                    .ok_or_else(|| err(format!("{key}.amqp_client_key"), "is not UTF-8"))?
+                    .to_owned(),
+            };
+            hooklatch_queue_rabbitmq::check_client_identity(&identity)
+                .map_err(|e| err(format!("{key}.amqp_client_cert"), e))?;
+            Some(identity)
+        }
+    };
+    Ok(hooklatch_queue_rabbitmq::TlsConfig { ca_pem, client })
+}
+
+/// An AMQP URL (or a reference to one) at `field`, checked: `amqp://` or `amqps://`, parseable.
 /// Errors never show its password.
 fn amqp_url(
     field: &str,
@@ -622,15 +711,12 @@ fn amqp_url(
     let text = url
         .expose_text()
         .ok_or_else(|| err(field.to_owned(), "is not UTF-8"))?;
-    // The scheme is case-insensitive; the rest of the URL (its password) is never shown.
-    if text
-        .get(..AMQPS.len())
-        .is_some_and(|scheme| scheme.eq_ignore_ascii_case(AMQPS))
-    {
-        return Err(err(field.to_owned(), AMQPS_UNSUPPORTED));
-    }
-    if !text.starts_with("amqp://") {
-        return Err(err(field.to_owned(), "must be an amqp:// URL"));
+    // The rest of the URL (its password) is never shown.
+    if !text.starts_with("amqp://") && !text.starts_with("amqps://") {
+        return Err(err(
+            field.to_owned(),
+            "must be an amqp:// URL (or amqps:// for TLS)",
+        ));
     }
     if !hooklatch_queue_rabbitmq::is_valid_url(text) {
         return Err(err(
@@ -1874,7 +1960,7 @@ tolerance = "30s"
             ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
             ("MQ_URL", "amqp://guest:pa55word@10.0.0.1:5672/%2f"),
             ("MQ_URL_2", "amqp://guest:pa55word@10.0.0.2:5672/%2f"),
-            ("MQ_URL_BAD", "amqps://guest:pa55word@10.0.0.3:5671/%2f"),
+            ("MQ_URL_BAD", "rabbitmq://guest:pa55word@10.0.0.3:5671/%2f"),
         ]);
         let s = load_str(
             &amqp("amqp_fallback = [\"env:MQ_URL_2\", \"amqp://10.0.0.3:5672/%2f\"]"),
@@ -2127,33 +2213,120 @@ tolerance = "30s"
         check_err(&toml, &with_secret, "store.key_prefix: must not be empty");
     }
 
+    /// `amqps://` (TLS): loads with the built-in roots alone, or with a private CA and a
+    /// client certificate whose files are read and checked at load (relative to the
+    /// configuration's directory); every mistake is named, and neither the URL's password nor
+    /// the client key shows in an error or in `Debug`.
     #[test]
-    fn amqps_destinations_are_refused_with_a_way_out_and_without_their_password() {
-        let toml = EXAMPLE.replace(
-            "url = \"http://app.internal:3000/webhooks/stripe\"",
-            "amqp = \"env:MQ_URL\"\nexchange = \"payments\"\nrouting_key = \"payment.confirmed\"",
-        );
-        let inline = EXAMPLE.replace(
-            "url = \"http://app.internal:3000/webhooks/stripe\"",
-            "amqp = \"amqps://guest:pa55word@mq.internal:5671/%2f\"\nexchange = \"payments\"\nrouting_key = \"payment.confirmed\"",
-        );
-        for url in [
-            "amqps://guest:pa55word@mq.internal:5671/%2f",
-            "AMQPS://guest:pa55word@mq.internal:5671/prod",
-            "amqps://mq.internal",
-        ] {
-            let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x"), ("MQ_URL", url)]);
-            for config in [&toml, &inline] {
-                let msg = load_str(config, &e).unwrap_err().to_string();
-                assert!(
-                    msg.contains("destinations[0].amqp: amqps:// (TLS to RabbitMQ) is not supported in this build"),
-                    "{msg}"
-                );
-                assert!(msg.contains("TLS-terminating proxy"), "{msg}");
-                assert!(msg.contains("plain amqp:// on a private network"), "{msg}");
-                assert!(!msg.contains("pa55word"), "{msg}");
-                assert!(!msg.contains("mq.internal"), "{msg}");
-            }
+    fn amqps_destinations_load_with_their_tls_files_checked_and_no_secret_shown() {
+        use hooklatch_testkit::tls::TestCa;
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("rabbit CA");
+        let (client, other) = (ca.client("hooklatch"), ca.client("other"));
+        let files = [
+            ("ca.pem", ca.pem()),
+            ("client.pem", client.cert_pem()),
+            ("client.key", client.key_pem()),
+            ("other.key", other.key_pem()),
+            ("not-a-ca.pem", client.key_pem()),
+        ];
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
         }
+        let e = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("MQ_TLS", "amqps://guest:pa55word@mq.internal:5671/%2f"),
+            ("MQ_PLAIN", "amqp://guest:pa55word@mq.internal:5672/%2f"),
+        ]);
+        let load_in_dir = |rest: &str| {
+            let toml = EXAMPLE.replace(
+                "url = \"http://app.internal:3000/webhooks/stripe\"",
+                &format!("exchange = \"payments\"\nrouting_key = \"payment.confirmed\"\n{rest}"),
+            );
+            let path = dir.path().join("hooklatch.toml");
+            std::fs::write(&path, toml).unwrap();
+            load(Some(&path), &e)
+        };
+        let amqp = |s: &Settings| match &s.destinations[0].kind {
+            DestinationKind::Amqp(a) => a.clone(),
+            other => panic!("{other:?}"),
+        };
+
+        let roots_only = load_in_dir("amqp = \"env:MQ_TLS\"").unwrap();
+        let a = amqp(&roots_only);
+        assert!(a.tls.ca_pem.is_none() && a.tls.client.is_none());
+        assert_eq!(a.redacted_url(), "amqps://guest:***@mq.internal:5671/%2f");
+
+        let full = load_in_dir(
+            "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"ca.pem\"\n\
+             amqp_client_cert = \"client.pem\"\namqp_client_key = \"file:client.key\"",
+        )
+        .unwrap();
+        let a = amqp(&full);
+        assert_eq!(a.tls.ca_pem.as_deref(), Some(ca.pem()));
+        let identity = a.tls.client.as_ref().expect("a client identity");
+        assert_eq!(identity.cert_pem, client.cert_pem());
+        let shown = format!("{full:?}");
+        assert!(!shown.contains("pa55word"), "{shown}");
+        assert!(!shown.contains("PRIVATE KEY"), "{shown}");
+
+        // A plain primary with an amqps:// fallback node: the TLS files are for that node.
+        load_in_dir(
+            "amqp = \"env:MQ_PLAIN\"\namqp_fallback = [\"env:MQ_TLS\"]\namqp_ca_file = \"ca.pem\"",
+        )
+        .unwrap();
+
+        let check = |rest: &str, expect: &str| {
+            let msg = load_in_dir(rest).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+            assert!(!msg.contains("pa55word"), "{msg}");
+            assert!(!msg.contains("PRIVATE KEY"), "{msg}");
+            for key in [client.key_pem(), other.key_pem()] {
+                let body = key.lines().nth(1).unwrap();
+                assert!(!msg.contains(body), "{msg}");
+            }
+        };
+        check(
+            "amqp = \"env:MQ_PLAIN\"\namqp_ca_file = \"ca.pem\"",
+            "destinations[0].amqp_ca_file: applies only to amqps:// URLs",
+        );
+        check(
+            "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"missing.pem\"",
+            "destinations[0].amqp_ca_file: reading ",
+        );
+        check(
+            "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"not-a-ca.pem\"",
+            "destinations[0].amqp_ca_file: not-a-ca.pem: holds no PEM certificate",
+        );
+        check(
+            "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"",
+            "destinations[0].amqp_client_key: is required with amqp_client_cert",
+        );
+        check(
+            "amqp = \"env:MQ_TLS\"\namqp_client_key = \"file:client.key\"",
+            "destinations[0].amqp_client_cert: is required with amqp_client_key",
+        );
+        check(
+            "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"\namqp_client_key = \"file:other.key\"",
+            "destinations[0].amqp_client_cert: the key cannot be used with the certificate",
+        );
+        check(
+            "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"\namqp_client_key = \"file:client.pem\"",
+            "destinations[0].amqp_client_cert: the key holds no PEM private key",
+        );
+        check(
+            "amqp = \"http://mq.internal/\"",
+            "destinations[0].amqp: must be an amqp:// URL (or amqps:// for TLS)",
+        );
+        let http = EXAMPLE.replace(
+            "url = \"http://app.internal:3000/webhooks/stripe\"",
+            "url = \"http://app.internal:3000/webhooks/stripe\"\namqp_ca_file = \"ca.pem\"",
+        );
+        let msg = load_str(&http, &e).unwrap_err().to_string();
+        assert!(
+            msg.contains("destinations[0].amqp_ca_file: applies only to amqp destinations"),
+            "{msg}"
+        );
     }
 }

@@ -332,6 +332,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
                 cfg.max_length = a.max_length;
                 cfg.delivery_limit = a.delivery_limit;
                 cfg.dead_letter_exchange = a.dead_letter_exchange.clone();
+                cfg.tls = a.tls.clone();
                 cfg.timeout = d.timeout;
                 Some((
                     d.name.clone(),
@@ -505,6 +506,8 @@ fn log_effective_config(settings: &Settings) {
                 declare = a.declare,
                 queue = a.queue.as_deref().unwrap_or(""),
                 quorum = a.quorum,
+                tls_ca_file = a.tls.ca_pem.is_some(),
+                tls_client_certificate = a.tls.client.is_some(),
                 max_attempts = d.retry.max_attempts,
                 "destination"
             ),

@@ -21,6 +21,7 @@
 //! message belongs to exactly one publish.
 #![forbid(unsafe_code)]
 
+mod tls;
 mod url;
 
 use std::time::{Duration, Instant};
@@ -34,17 +35,22 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 
-pub use url::{is_valid_url, redact_url};
+pub use tls::{check_ca_pem, check_client_identity, ClientIdentity, TlsConfig};
+pub use url::{is_tls_url, is_valid_url, redact_url};
 
 /// Where and how a [`Publisher`] publishes.
 #[derive(Clone)]
 pub struct PublisherConfig {
-    /// `amqp://user:password@host:port/vhost` (the vhost URL-encoded: `%2f` is `/`). Holds a
-    /// password: log [`redact_url`] of it, never the URL itself.
+    /// `amqp://user:password@host:port/vhost` (the vhost URL-encoded: `%2f` is `/`), or
+    /// `amqps://` for TLS (port 5671 unless given). Holds a password: log [`redact_url`] of
+    /// it, never the URL itself.
     pub url: String,
     /// Other nodes of the same cluster, as URLs like `url`: when the node in use cannot be
     /// reached, a (re)connection tries each in turn, from the one after it.
     pub fallback_urls: Vec<String>,
+    /// What the `amqps://` URLs trust and present (the built-in roots and no client
+    /// certificate by default).
+    pub tls: TlsConfig,
     /// The exchange; `""` is the default exchange, which routes by queue name.
     pub exchange: String,
     /// The routing key of every message.
@@ -94,6 +100,7 @@ impl std::fmt::Debug for PublisherConfig {
                     .map(|u| redact_url(u))
                     .collect::<Vec<_>>(),
             )
+            .field("tls", &self.tls)
             .field("exchange", &self.exchange)
             .field("routing_key", &self.routing_key)
             .field("declare", &self.declare)
@@ -119,6 +126,7 @@ impl PublisherConfig {
         PublisherConfig {
             url: url.into(),
             fallback_urls: Vec::new(),
+            tls: TlsConfig::default(),
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             declare: false,
@@ -398,7 +406,9 @@ impl Publisher {
         let props = ConnectionProperties::default().with_connection_name(LongString::from(
             format!("hooklatch-{}", std::process::id()),
         ));
-        let connection = Connection::connect(url, props).await.map_err(connect_err)?;
+        let connection = Connection::connect_with_config(url, props, c.tls.to_lapin())
+            .await
+            .map_err(connect_err)?;
         let setup = async {
             let channel = connection.create_channel().await?;
             channel

@@ -18,9 +18,15 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-/// Whether `url` parses as an AMQP URI (`amqp://user:pass@host:port/vhost`).
+/// Whether `url` parses as an AMQP URI (`amqp://user:pass@host:port/vhost`, or `amqps://`).
 pub fn is_valid_url(url: &str) -> bool {
     url.parse::<lapin::uri::AMQPUri>().is_ok()
+}
+
+/// Whether `url` connects with TLS: its scheme is `amqps`.
+pub fn is_tls_url(url: &str) -> bool {
+    url.parse::<lapin::uri::AMQPUri>()
+        .is_ok_and(|uri| uri.scheme == lapin::uri::AMQPScheme::AMQPS)
 }
 
 #[cfg(test)]

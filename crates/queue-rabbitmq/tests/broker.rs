@@ -208,3 +208,176 @@ async fn an_unreachable_node_is_passed_over_for_the_next_that_answers() {
         .expect_err("no node answers");
     assert!(!err.to_string().contains("hunter2"), "{err}");
 }
+
+/// `url` with its scheme and its host and port replaced: `amqp://guest:guest@127.0.0.1:5672/%2f`
+/// through `amqps` and `localhost:5999` is `amqps://guest:guest@localhost:5999/%2f`.
+fn through(url: &str, scheme: &str, host_port: &str) -> String {
+    let rest = url.split_once("://").expect("a URL").1;
+    let (userinfo, after) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let tail = after.find('/').map_or("", |at| &after[at..]);
+    let userinfo = if userinfo.is_empty() {
+        String::new()
+    } else {
+        format!("{userinfo}@")
+    };
+    format!("{scheme}://{userinfo}{host_port}{tail}")
+}
+
+/// The broker's plain AMQP address, from its URL.
+fn broker_addr(url: &str) -> std::net::SocketAddr {
+    let uri: lapin::uri::AMQPUri = url.parse().expect("the broker's URL parses");
+    let host = match uri.authority.host.as_str() {
+        "localhost" => "127.0.0.1",
+        host => host,
+    };
+    format!("{host}:{}", uri.authority.port)
+        .parse()
+        .expect("the broker is named by an IP address or localhost")
+}
+
+/// `amqps://`: the publisher speaks TLS to a TLS-terminating proxy in front of the real
+/// broker, trusting the proxy's private CA (`tls.ca_pem`); the message arrives, and the proxy
+/// saw a completed handshake before it connected to the broker.
+#[tokio::test]
+async fn an_amqps_publish_arrives_through_tls_trusting_a_private_ca() {
+    use hooklatch_testkit::tls::{TestCa, TlsTerminator};
+    let Some(url) = broker_url() else { return };
+    let mut admin = TestBroker::connect(&url).await;
+    let (exchange, queue) = (unique("x"), unique("q"));
+    admin.owns(&exchange, &queue);
+    let ca = TestCa::new("hooklatch test CA");
+    let tls = TlsTerminator::start(
+        broker_addr(&url),
+        &ca.server(&["localhost", "127.0.0.1"]),
+        None,
+    )
+    .await
+    .expect("the TLS proxy listens");
+    let port = tls.addr().port();
+
+    let mut cfg = config(
+        &through(&url, "amqps", &format!("localhost:{port}")),
+        &exchange,
+        Some(&queue),
+    );
+    cfg.tls.ca_pem = Some(ca.pem().to_owned());
+    let publisher = Publisher::new(cfg);
+    publisher
+        .publish(&message("stripe:evt_tls", br#"{"id":"evt_tls"}"#))
+        .await
+        .expect("published over TLS");
+    let msg = admin.get(&queue).await;
+    assert_eq!(message_id(&msg), Some("stripe:evt_tls".to_owned()));
+    assert_eq!(msg.delivery.data, br#"{"id":"evt_tls"}"#);
+    assert_eq!((tls.handshakes(), tls.refused()), (1, 0));
+    assert_eq!(tls.upstream_connections(), 1);
+
+    // By IP address: the certificate names 127.0.0.1 too.
+    let mut cfg = config(
+        &through(&url, "amqps", &format!("127.0.0.1:{port}")),
+        &exchange,
+        Some(&queue),
+    );
+    cfg.tls.ca_pem = Some(ca.pem().to_owned());
+    Publisher::new(cfg)
+        .publish(&message("stripe:evt_tls_ip", b"{}"))
+        .await
+        .expect("published over TLS to an address the certificate names");
+    assert_eq!(
+        message_id(&admin.get(&queue).await),
+        Some("stripe:evt_tls_ip".to_owned())
+    );
+    admin.clean_up().await;
+}
+
+/// A broker whose certificate is not trusted (a private CA not configured), or does not name
+/// the host connected to, is refused during the handshake: a connect error that says why and
+/// shows no password, and nothing — no credentials, no message — ever reaches the broker.
+#[tokio::test]
+async fn an_untrusted_or_misnamed_certificate_is_refused_before_anything_reaches_the_broker() {
+    use hooklatch_testkit::tls::{TestCa, TlsTerminator};
+    let Some(url) = broker_url() else { return };
+    let ca = TestCa::new("hooklatch test CA");
+    let tls = TlsTerminator::start(broker_addr(&url), &ca.server(&["localhost"]), None)
+        .await
+        .expect("the TLS proxy listens");
+    let port = tls.addr().port();
+    let amqps = through(
+        "amqp://guest:hunter2@x/%2f",
+        "amqps",
+        &format!("localhost:{port}"),
+    );
+
+    // The built-in roots only: the private CA is unknown.
+    let untrusted = Publisher::new(config(&amqps, "x", None));
+    let err = untrusted
+        .publish(&message("k", b"{}"))
+        .await
+        .expect_err("an unknown CA is not trusted");
+    let text = err.to_string();
+    assert!(matches!(err, PublishError::Connect(_)), "{err:?}");
+    assert!(text.contains("UnknownIssuer"), "{text}");
+    assert!(!text.contains("hunter2"), "{text}");
+
+    // Trusted CA, wrong name: the certificate names localhost, not 127.0.0.1.
+    let mut cfg = config(
+        &through(&amqps, "amqps", &format!("127.0.0.1:{port}")),
+        "x",
+        None,
+    );
+    cfg.tls.ca_pem = Some(ca.pem().to_owned());
+    let err = Publisher::new(cfg)
+        .publish(&message("k", b"{}"))
+        .await
+        .expect_err("a certificate for another name is refused");
+    assert!(err.to_string().contains("not valid for name"), "{err}");
+
+    assert_eq!(tls.refused_at_least(2, Duration::from_secs(10)).await, 2);
+    assert_eq!(tls.handshakes(), 0);
+    assert_eq!(tls.upstream_connections(), 0);
+}
+
+/// Mutual TLS: a broker that asks for a client certificate refuses a publisher without one,
+/// and takes the one configured (`tls.client`), issued by the CA it trusts.
+#[tokio::test]
+async fn a_broker_asking_for_a_client_certificate_gets_the_configured_one() {
+    use hooklatch_queue_rabbitmq::ClientIdentity;
+    use hooklatch_testkit::tls::{TestCa, TlsTerminator};
+    let Some(url) = broker_url() else { return };
+    let mut admin = TestBroker::connect(&url).await;
+    let (exchange, queue) = (unique("x"), unique("q"));
+    admin.owns(&exchange, &queue);
+    let ca = TestCa::new("hooklatch test CA");
+    let tls = TlsTerminator::start(broker_addr(&url), &ca.server(&["localhost"]), Some(&ca))
+        .await
+        .expect("the TLS proxy listens");
+    let amqps = through(&url, "amqps", &format!("localhost:{}", tls.addr().port()));
+
+    let mut cfg = config(&amqps, &exchange, Some(&queue));
+    cfg.tls.ca_pem = Some(ca.pem().to_owned());
+    let err = Publisher::new(cfg.clone())
+        .publish(&message("stripe:evt_anon", b"{}"))
+        .await
+        .expect_err("no client certificate, no connection");
+    assert!(
+        matches!(err, PublishError::Connect(_) | PublishError::Channel(_)),
+        "{err:?}"
+    );
+    assert_eq!(tls.upstream_connections(), 0);
+
+    let client = ca.client("hooklatch");
+    cfg.tls.client = Some(ClientIdentity {
+        cert_pem: client.cert_pem().to_owned(),
+        key_pem: client.key_pem().to_owned(),
+    });
+    Publisher::new(cfg)
+        .publish(&message("stripe:evt_mtls", b"{}"))
+        .await
+        .expect("published with a client certificate");
+    assert_eq!(
+        message_id(&admin.get(&queue).await),
+        Some("stripe:evt_mtls".to_owned())
+    );
+    assert_eq!(tls.upstream_connections(), 1);
+    admin.clean_up().await;
+}

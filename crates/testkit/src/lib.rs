@@ -15,6 +15,8 @@
 //!   `timeout`), slows it (`latency`) and lets it through again.
 //! - `lazyfs` (feature `lazyfs`): a FUSE file system that loses what was not fsynced, for
 //!   power-loss tests.
+//! - `tls` (feature `tls`): a private CA made at run time and a TLS-terminating proxy in front
+//!   of a plain TCP server, for tests of TLS clients (`amqps://`).
 #![forbid(unsafe_code)]
 
 #[cfg(feature = "amqp")]
@@ -25,6 +27,8 @@ pub mod counting;
 pub mod lazyfs;
 mod memory;
 pub mod proxy;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 pub use counting::{Counting, MemoryKeys};
 pub use memory::MemoryStore;
