@@ -667,35 +667,6 @@ async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
     broker.clean_up().await;
 }
 
-/// The broker behind a TLS-terminating proxy (the testkit's, with a private CA), and the
-/// broker's URL rewritten to reach it as `amqps://localhost:<port>`.
-async fn behind_tls(
-    url: &str,
-) -> (
-    hooklatch_testkit::tls::TestCa,
-    hooklatch_testkit::tls::TlsTerminator,
-    String,
-) {
-    let ca = hooklatch_testkit::tls::TestCa::new("hooklatch e2e CA");
-    let upstream = reqwest::Url::parse(url).expect("the broker's URL");
-    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
-        upstream.host_str().expect("a host").to_owned(),
-        upstream.port().unwrap_or(5672),
-    ))
-    .expect("resolving the broker")
-    .next()
-    .expect("an address");
-    let tls =
-        hooklatch_testkit::tls::TlsTerminator::start(upstream, &ca.server(&["localhost"]), None)
-            .await
-            .expect("the TLS proxy listens");
-    let mut amqps = reqwest::Url::parse(url).expect("the broker's URL");
-    amqps.set_scheme("amqps").expect("amqps");
-    amqps.set_host(Some("localhost")).expect("a host");
-    amqps.set_port(Some(tls.addr().port())).expect("a port");
-    (ca, tls, amqps.to_string())
-}
-
 /// `amqps://` end to end: a real `hooklatch serve` whose RabbitMQ destination speaks TLS (to
 /// a TLS-terminating proxy in front of the real broker, its certificate from a private CA
 /// given by `amqp_ca_file`) publishes an accepted event once, keyed by its event. Without the
@@ -710,7 +681,7 @@ async fn an_amqps_destination_publishes_over_tls_and_an_untrusted_broker_gets_no
     let exchange = format!("hooklatch-e2e-x-{}", unique("tls"));
     let queue = format!("hooklatch-e2e-q-{}", unique("tls"));
     broker.owns(&exchange, &queue);
-    let (ca, tls, amqps) = behind_tls(&url).await;
+    let (ca, tls, amqps) = support::behind_tls(&url, 5672, "amqps").await;
     let dir = tempfile::tempdir().expect("a temp dir");
     let ca_file = dir.path().join("rabbit-ca.pem");
     std::fs::write(&ca_file, ca.pem()).expect("writing the CA");

@@ -15,6 +15,8 @@
 //!   generic adapters (verify, extract keys, sign test events).
 //! - [`retry`]: [`RetryPolicy`], exponential backoff with jitter and `Retry-After`.
 //! - [`store`]: the [`Store`] trait and the records it takes and returns, including [`Claim`].
+//! - [`tls`]: the TLS files (a CA, a client certificate) of the gateway's connections to its
+//!   broker and key store.
 //!
 //! Meant for reuse: embedders verify provider webhooks with [`provider`] alone.
 #![forbid(unsafe_code)]
@@ -29,6 +31,7 @@ pub mod retry;
 pub mod secret;
 pub mod store;
 pub mod time;
+pub mod tls;
 
 pub use id::{DeliveryId, EventKey, IdempotencyKey, NameError, RequestId, SourceName};
 pub use keys::{KeyStore, KeyStoreError};

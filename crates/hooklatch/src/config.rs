@@ -19,6 +19,7 @@ use hooklatch_core::provider::{
     Discord, Generic, GenericSettings, GitHub, Paddle, Razorpay, Shopify, SignatureEncoding, Slack,
     StandardWebhooks, Stripe, Twilio, WhatsApp,
 };
+use hooklatch_core::tls::{ClientIdentity, TlsFiles};
 use hooklatch_core::{ProviderAdapter, RetryPolicy, Secret, SourceName};
 use hooklatch_http::Source;
 use serde::Deserialize;
@@ -109,6 +110,9 @@ pub struct KeySettings {
     pub prefix: String,
     /// The in-flight lease.
     pub lease: Duration,
+    /// With a `rediss://` URL: the CA that replaces the built-in roots (`keys_ca_file`) and
+    /// the client certificate (`keys_client_cert`, `keys_client_key`).
+    pub tls: TlsFiles,
 }
 
 impl std::fmt::Debug for KeySettings {
@@ -117,6 +121,7 @@ impl std::fmt::Debug for KeySettings {
             .field("url", &hooklatch_keys_redis::describe_url(&self.url))
             .field("prefix", &self.prefix)
             .field("lease", &self.lease)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -231,7 +236,7 @@ pub struct AmqpSettings {
     /// What `amqps://` URLs trust besides the built-in roots (`amqp_ca_file`) and the client
     /// certificate they present (`amqp_client_cert`, `amqp_client_key`); read and checked at
     /// load.
-    pub tls: hooklatch_queue_rabbitmq::TlsConfig,
+    pub tls: TlsFiles,
 }
 
 impl AmqpSettings {
@@ -264,8 +269,7 @@ impl std::fmt::Debug for AmqpSettings {
             .field("max_length", &self.max_length)
             .field("delivery_limit", &self.delivery_limit)
             .field("dead_letter_exchange", &self.dead_letter_exchange)
-            .field("tls_ca", &self.tls.ca_pem.is_some())
-            .field("tls_client_certificate", &self.tls.client.is_some())
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -301,6 +305,9 @@ struct RawStore {
     history_retention: Value,
     purge_interval: Value,
     keys: String,
+    keys_ca_file: Option<String>,
+    keys_client_cert: Option<String>,
+    keys_client_key: Option<String>,
     key_prefix: String,
     key_lease: Value,
 }
@@ -595,7 +602,18 @@ fn destination_kind(
             let tls_urls = std::iter::once(&url)
                 .chain(&fallback)
                 .any(|u| hooklatch_queue_rabbitmq::is_tls_url(u.expose_text().unwrap_or_default()));
-            let tls = amqp_tls(key, rd, tls_urls, env, base_dir)?;
+            let tls = tls_files(
+                &TlsKeys {
+                    prefix: format!("{key}.amqp_"),
+                    ca_file: rd.amqp_ca_file.as_deref(),
+                    client_cert: rd.amqp_client_cert.as_deref(),
+                    client_key: rd.amqp_client_key.as_deref(),
+                },
+                tls_urls,
+                "this destination's URLs are all amqp://",
+                env,
+                base_dir,
+            )?;
             if declare && exchange.is_empty() && rd.queue.is_none() {
                 return Err(err(
                     format!("{key}.declare"),
@@ -619,29 +637,38 @@ fn destination_kind(
     }
 }
 
-/// A RabbitMQ destination's TLS files, read and checked: `amqp_ca_file` (PEM certificates, a
-/// path), `amqp_client_cert` (a path) with `amqp_client_key` (a secret reference), both or
-/// neither; each only when one of its URLs is `amqps://` (`tls_urls`), so that no one reads a
-/// CA file in the configuration of a connection that sends plain text. Relative paths are
-/// from the configuration file's directory.
-fn amqp_tls(
-    key: &str,
-    rd: &RawDestination,
-    tls_urls: bool,
+/// A connection's TLS keys as written: `{prefix}ca_file` (PEM certificates, a path),
+/// `{prefix}client_cert` (a path) and `{prefix}client_key` (a secret reference).
+struct TlsKeys<'a> {
+    /// What comes before `ca_file` in the keys' names: `destinations[0].amqp_`, `store.keys_`.
+    prefix: String,
+    ca_file: Option<&'a str>,
+    client_cert: Option<&'a str>,
+    client_key: Option<&'a str>,
+}
+
+/// A connection's TLS files, read and checked: the CA file; the client certificate with its
+/// key, both or neither; any of them only when the connection uses TLS (`tls`), so that no
+/// one reads a CA file in the configuration of a connection that sends plain text (`plain`
+/// says why it does). Relative paths are from the configuration file's directory.
+fn tls_files(
+    keys: &TlsKeys<'_>,
+    tls: bool,
+    plain: &str,
     env: &HashMap<String, String>,
     base_dir: Option<&Path>,
-) -> Result<hooklatch_queue_rabbitmq::TlsConfig, ConfigError> {
+) -> Result<TlsFiles, ConfigError> {
+    let p = &keys.prefix;
     let set = [
-        ("amqp_ca_file", rd.amqp_ca_file.is_some()),
-        ("amqp_client_cert", rd.amqp_client_cert.is_some()),
-        ("amqp_client_key", rd.amqp_client_key.is_some()),
+        ("ca_file", keys.ca_file.is_some()),
+        ("client_cert", keys.client_cert.is_some()),
+        ("client_key", keys.client_key.is_some()),
     ];
     if let Some((name, _)) = set.iter().find(|(_, set)| *set) {
-        if !tls_urls {
+        if !tls {
             return Err(err(
-                format!("{key}.{name}"),
-                "applies only to amqps:// URLs (TLS); this destination's URLs are all amqp://, \
-                 which sends everything in plain text",
+                format!("{p}{name}"),
+                format!("applies only to TLS connections; {plain}, which sends everything in plain text"),
             ));
         }
     }
@@ -653,50 +680,45 @@ fn amqp_tls(
         };
         std::fs::read_to_string(&path).map_err(|e| {
             err(
-                format!("{key}.{name}"),
+                format!("{p}{name}"),
                 format!("reading {}: {e}", path.display()),
             )
         })
     };
-    let ca_pem = match &rd.amqp_ca_file {
+    let ca_pem = match keys.ca_file {
         None => None,
         Some(path) => {
-            let pem = read("amqp_ca_file", path)?;
-            hooklatch_queue_rabbitmq::check_ca_pem(&pem)
-                .map_err(|e| err(format!("{key}.amqp_ca_file"), format!("{path}: {e}")))?;
+            let pem = read("ca_file", path)?;
+            crate::tls_files::check_ca_pem(&pem)
+                .map_err(|e| err(format!("{p}ca_file"), format!("{path}: {e}")))?;
             Some(pem)
         }
     };
-    let client = match (&rd.amqp_client_cert, &rd.amqp_client_key) {
+    let client = match (keys.client_cert, keys.client_key) {
         (None, None) => None,
         (Some(_), None) => {
             return Err(err(
-                format!("{key}.amqp_client_key"),
-                "is required with amqp_client_cert (the certificate's private key)",
+                format!("{p}client_key"),
+                format!("is required with {p}client_cert (the certificate's private key)"),
             ))
         }
         (None, Some(_)) => {
             return Err(err(
-                format!("{key}.amqp_client_cert"),
-                "is required with amqp_client_key (the key's certificate)",
+                format!("{p}client_cert"),
+                format!("is required with {p}client_key (the key's certificate)"),
             ))
         }
         (Some(cert), Some(reference)) => {
-            let cert_pem = read("amqp_client_cert", cert)?;
-            let key_pem = read_secret(&format!("{key}.amqp_client_key"), reference, env, base_dir)?;
-            let identity = hooklatch_queue_rabbitmq::ClientIdentity {
-                cert_pem,
-                key_pem: key_pem
-                    .expose_text()
-                    .ok_or_else(|| err(format!("{key}.amqp_client_key"), "is not UTF-8"))?
-                    .to_owned(),
+            let identity = ClientIdentity {
+                cert_pem: read("client_cert", cert)?,
+                key_pem: read_secret(&format!("{p}client_key"), reference, env, base_dir)?,
             };
-            hooklatch_queue_rabbitmq::check_client_identity(&identity)
-                .map_err(|e| err(format!("{key}.amqp_client_cert"), e))?;
+            crate::tls_files::check_client_identity(&identity)
+                .map_err(|e| err(format!("{p}client_cert"), e))?;
             Some(identity)
         }
     };
-    Ok(hooklatch_queue_rabbitmq::TlsConfig { ca_pem, client })
+    Ok(TlsFiles { ca_pem, client })
 }
 
 /// An AMQP URL (or a reference to one) at `field`, checked: `amqp://` or `amqps://`, parseable.
@@ -900,7 +922,7 @@ fn resolve(
         backend: parse_store_url("store.url", &raw.store.url)?,
         history_retention: duration("store.history_retention", &raw.store.history_retention)?,
         purge_interval: positive("store.purge_interval", &raw.store.purge_interval)?,
-        keys: key_settings(&raw.store)?,
+        keys: key_settings(&raw.store, env, base_dir)?,
     };
 
     let d = &raw.delivery;
@@ -1272,28 +1294,55 @@ fn parse_addr(key: &str, s: &str) -> Result<SocketAddr, ConfigError> {
         .map_err(|_| err(key, format!("{s:?} is not an address like 127.0.0.1:8080")))
 }
 
-/// `[store] keys`: empty for SQL mode, else a redis:// URL (checked here, connected at start).
-fn key_settings(raw: &RawStore) -> Result<Option<KeySettings>, ConfigError> {
+/// `[store] keys`: empty for SQL mode, else a redis:// or rediss:// URL with its TLS files
+/// (checked here, connected at start).
+fn key_settings(
+    raw: &RawStore,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Option<KeySettings>, ConfigError> {
     let url = raw.keys.trim();
+    let tls_keys = TlsKeys {
+        prefix: "store.keys_".to_owned(),
+        ca_file: raw.keys_ca_file.as_deref(),
+        client_cert: raw.keys_client_cert.as_deref(),
+        client_key: raw.keys_client_key.as_deref(),
+    };
     if url.is_empty() {
+        tls_files(
+            &tls_keys,
+            false,
+            "keys are in the store (store.keys = \"\"), not in Redis",
+            env,
+            base_dir,
+        )?;
         return Ok(None);
     }
     let shown = hooklatch_keys_redis::describe_url(url);
-    if url.starts_with("rediss://") {
+    let secure = url.starts_with("rediss://");
+    if !secure && !url.starts_with("redis://") {
+        return Err(err(
+            "store.keys",
+            format!("{shown}: expected \"\" (keys in the store) or a redis:// or rediss:// URL"),
+        ));
+    }
+    if secure && url.contains('#') {
         return Err(err(
             "store.keys",
             format!(
-                "{shown}: TLS to Redis is not supported in this build; use redis:// on a \
-                 private network or a local TLS-terminating proxy"
+                "{shown}: a rediss:// URL takes no #fragment (#insecure would turn the \
+                 certificate checks off, which hooklatch does not do; give the server's CA \
+                 in store.keys_ca_file instead)"
             ),
         ));
     }
-    if !url.starts_with("redis://") {
-        return Err(err(
-            "store.keys",
-            format!("{shown}: expected \"\" (keys in the store) or a redis:// URL"),
-        ));
-    }
+    let tls = tls_files(
+        &tls_keys,
+        secure,
+        "store.keys is a redis:// URL",
+        env,
+        base_dir,
+    )?;
     if raw.key_prefix.is_empty() {
         return Err(err(
             "store.key_prefix",
@@ -1304,6 +1353,7 @@ fn key_settings(raw: &RawStore) -> Result<Option<KeySettings>, ConfigError> {
         url: url.to_owned(),
         prefix: raw.key_prefix.clone(),
         lease: positive("store.key_lease", &raw.key_lease)?,
+        tls,
     }))
 }
 
@@ -2190,12 +2240,12 @@ tolerance = "30s"
 
         for (url, expect) in [
             (
-                "rediss://:pa55word@cache:6380",
-                "TLS to Redis is not supported",
+                "rediss://:pa55word@cache:6380/#insecure",
+                "a rediss:// URL takes no #fragment",
             ),
             (
                 "memcached://:pa55word@cache",
-                "expected \"\" (keys in the store) or a redis:// URL",
+                "expected \"\" (keys in the store) or a redis:// or rediss:// URL",
             ),
         ] {
             let toml = EXAMPLE.replace("[store]\n", &format!("[store]\nkeys = \"{url}\"\n"));
@@ -2211,6 +2261,81 @@ tolerance = "30s"
             "[store]\nkeys = \"redis://127.0.0.1\"\nkey_prefix = \"\"\n",
         );
         check_err(&toml, &with_secret, "store.key_prefix: must not be empty");
+    }
+
+    /// `rediss://` (TLS) keys: the built-in roots alone, or a CA and a client certificate read
+    /// and checked at load; TLS files without a `rediss://` URL are refused, saying why.
+    #[test]
+    fn rediss_keys_load_with_their_tls_files_checked_and_no_secret_shown() {
+        use hooklatch_testkit::tls::TestCa;
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("redis CA");
+        let (client, other) = (ca.client("hooklatch"), ca.client("other"));
+        for (name, text) in [
+            ("ca.pem", ca.pem()),
+            ("client.pem", client.cert_pem()),
+            ("client.key", client.key_pem()),
+            ("other.key", other.key_pem()),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let e = env(&[
+            TOKEN,
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+            ("REDIS_KEY", client.key_pem()),
+        ]);
+        let load_in_dir = |store: &str| {
+            let toml = EXAMPLE.replace("[store]\n", &format!("[store]\n{store}\n"));
+            let path = dir.path().join("hooklatch.toml");
+            std::fs::write(&path, toml).unwrap();
+            load(Some(&path), &e)
+        };
+        let keys = load_in_dir("keys = \"rediss://:pa55word@cache:6380/2\"")
+            .unwrap()
+            .store
+            .keys
+            .expect("Redis keys");
+        assert!(!keys.tls.is_set());
+        let keys = load_in_dir(
+            "keys = \"rediss://:pa55word@cache:6380/2\"\nkeys_ca_file = \"ca.pem\"\n\
+             keys_client_cert = \"client.pem\"\nkeys_client_key = \"env:REDIS_KEY\"",
+        )
+        .unwrap()
+        .store
+        .keys
+        .expect("Redis keys");
+        assert_eq!(keys.tls.ca_pem.as_deref(), Some(ca.pem()));
+        assert!(keys.tls.client.is_some());
+        let shown = format!("{keys:?}");
+        assert!(
+            !shown.contains("pa55word") && !shown.contains("PRIVATE"),
+            "{shown}"
+        );
+
+        let check = |store: &str, expect: &str| {
+            let msg = load_in_dir(store).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+            assert!(
+                !msg.contains("pa55word") && !msg.contains("PRIVATE"),
+                "{msg}"
+            );
+        };
+        check(
+            "keys_ca_file = \"ca.pem\"",
+            "store.keys_ca_file: applies only to TLS connections; keys are in the store",
+        );
+        check(
+            "keys = \"redis://:pa55word@cache:6379\"\nkeys_client_cert = \"client.pem\"\nkeys_client_key = \"file:client.key\"",
+            "store.keys_client_cert: applies only to TLS connections; store.keys is a redis:// URL",
+        );
+        check(
+            "keys = \"rediss://:pa55word@cache:6380\"\nkeys_client_cert = \"client.pem\"\nkeys_client_key = \"file:other.key\"",
+            "store.keys_client_cert: the key cannot be used with the certificate",
+        );
+        check(
+            "keys = \"rediss://:pa55word@cache:6380\"\nkeys_ca_file = \"client.key\"",
+            "store.keys_ca_file: client.key: holds no PEM certificate",
+        );
     }
 
     /// `amqps://` (TLS): loads with the built-in roots alone, or with a private CA and a
@@ -2266,6 +2391,10 @@ tolerance = "30s"
         let a = amqp(&full);
         assert_eq!(a.tls.ca_pem.as_deref(), Some(ca.pem()));
         let identity = a.tls.client.as_ref().expect("a client identity");
+        assert_eq!(
+            identity.key_pem.expose_text(),
+            Some(client.key_pem().trim())
+        );
         assert_eq!(identity.cert_pem, client.cert_pem());
         let shown = format!("{full:?}");
         assert!(!shown.contains("pa55word"), "{shown}");
@@ -2289,7 +2418,7 @@ tolerance = "30s"
         };
         check(
             "amqp = \"env:MQ_PLAIN\"\namqp_ca_file = \"ca.pem\"",
-            "destinations[0].amqp_ca_file: applies only to amqps:// URLs",
+            "destinations[0].amqp_ca_file: applies only to TLS connections; this destination's URLs are all amqp://",
         );
         check(
             "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"missing.pem\"",
@@ -2301,11 +2430,11 @@ tolerance = "30s"
         );
         check(
             "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"",
-            "destinations[0].amqp_client_key: is required with amqp_client_cert",
+            "destinations[0].amqp_client_key: is required with destinations[0].amqp_client_cert",
         );
         check(
             "amqp = \"env:MQ_TLS\"\namqp_client_key = \"file:client.key\"",
-            "destinations[0].amqp_client_cert: is required with amqp_client_key",
+            "destinations[0].amqp_client_cert: is required with destinations[0].amqp_client_key",
         );
         check(
             "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"\namqp_client_key = \"file:other.key\"",

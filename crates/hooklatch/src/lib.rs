@@ -37,6 +37,7 @@ mod maintenance;
 mod outbound;
 pub mod replay;
 mod server;
+mod tls_files;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -191,9 +192,10 @@ async fn open_keys(
     let Some(keys) = &settings.keys else {
         return Ok(None);
     };
-    let redis = hooklatch_keys_redis::RedisKeys::connect(&keys.url, &keys.prefix)
-        .await
-        .context("opening the key store ([store] keys)")?;
+    let redis =
+        hooklatch_keys_redis::RedisKeys::connect_with_tls(&keys.url, &keys.prefix, &keys.tls)
+            .await
+            .context("opening the key store ([store] keys)")?;
     let warnings = redis.check().await;
     for warning in &warnings {
         tracing::warn!("key store: {warning}");

@@ -1,4 +1,6 @@
-//! Redis as hooklatch's idempotency key store (`[store] keys = "redis://…"`).
+//! Redis as hooklatch's idempotency key store (`[store] keys = "redis://…"`, or `rediss://`
+//! for TLS: rustls, the Mozilla roots built in, or only the CA given in [`TlsFiles`], and a
+//! client certificate for servers that ask for one).
 //!
 //! Each event key is one Redis string, `{prefix}{{source}}:{key}`; the `{source}` hash tag
 //! keeps one request's keys in one slot. Its value is either
@@ -23,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hooklatch_core::keys::{DoneKey, KeyClaim, KeyState, KeyStore, KeyStoreError};
+use hooklatch_core::tls::TlsFiles;
 use hooklatch_core::{EventKey, RequestId, SourceName, Timestamp};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
@@ -102,30 +105,57 @@ pub fn describe_url(url: &str) -> String {
 }
 
 impl RedisKeys {
-    /// Connects to `url` (`redis://[user:password@]host:port[/db]`), keys under `prefix`.
-    /// Reconnects by itself afterwards; calls made while Redis is away fail (the gateway
-    /// answers 503) rather than wait.
+    /// Connects to `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for TLS
+    /// trusting the built-in roots), keys under `prefix`. Reconnects by itself afterwards;
+    /// calls made while Redis is away fail (the gateway answers 503) rather than wait.
     pub async fn connect(url: &str, prefix: &str) -> Result<RedisKeys, KeyStoreError> {
-        if url.starts_with("rediss://") {
+        RedisKeys::connect_with_tls(url, prefix, &TlsFiles::default()).await
+    }
+
+    /// [`RedisKeys::connect`] with TLS files for a `rediss://` URL: with `tls.ca_pem`, the
+    /// server's certificate must chain to one of those CAs (they replace the built-in roots,
+    /// as the redis client does); with `tls.client`, that certificate is presented when the
+    /// server asks. TLS files with a `redis://` URL are refused: it would send them nowhere
+    /// and everything in plain text.
+    pub async fn connect_with_tls(
+        url: &str,
+        prefix: &str,
+        tls: &TlsFiles,
+    ) -> Result<RedisKeys, KeyStoreError> {
+        let shown = describe_url(url);
+        let secure = url.starts_with("rediss://");
+        if !secure && !url.starts_with("redis://") {
             return Err(KeyStoreError(format!(
-                "{}: TLS to Redis is not supported in this build; use redis:// on a private \
-                 network or a local TLS-terminating proxy",
-                describe_url(url)
+                "{shown}: expected a redis:// or rediss:// URL"
             )));
         }
-        if !url.starts_with("redis://") {
+        if !secure && tls.is_set() {
             return Err(KeyStoreError(format!(
-                "{}: expected a redis:// URL",
-                describe_url(url)
+                "{shown}: TLS files are for rediss:// URLs; this one sends everything in plain text"
             )));
         }
-        let client = redis::Client::open(url).map_err(|err| {
-            KeyStoreError(format!(
-                "{}: invalid URL ({:?})",
-                describe_url(url),
-                err.kind()
-            ))
-        })?;
+        let invalid = |err: redis::RedisError| {
+            KeyStoreError(format!("{shown}: invalid URL ({:?})", err.kind()))
+        };
+        let client = if secure && tls.is_set() {
+            let certificates = redis::TlsCertificates {
+                client_tls: tls.client.as_ref().map(|c| redis::ClientTlsConfig {
+                    client_cert: c.cert_pem.clone().into_bytes(),
+                    client_key: c.key_pem.expose().to_vec(),
+                }),
+                root_cert: tls.ca_pem.as_ref().map(|pem| pem.clone().into_bytes()),
+            };
+            // The files were checked when the configuration was loaded; the kind of error is
+            // enough here, and the message could quote a line of the key.
+            redis::Client::build_with_tls(url, certificates).map_err(|err| {
+                KeyStoreError(format!(
+                    "{shown}: the TLS files cannot be used ({:?})",
+                    err.kind()
+                ))
+            })?
+        } else {
+            redis::Client::open(url).map_err(invalid)?
+        };
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(RESPONSE_TIMEOUT))
             .set_response_timeout(Some(RESPONSE_TIMEOUT))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hooklatch_core::keys::{DoneKey, KeyClaim, KeyState, KeyStore};
+use hooklatch_core::tls::TlsFiles;
 use hooklatch_core::{EventKey, RequestId, SourceName, Timestamp};
 use hooklatch_keys_redis::RedisKeys;
 
@@ -267,18 +268,142 @@ async fn a_foreign_value_under_the_prefix_is_an_error_not_a_guess() {
 }
 
 #[tokio::test]
-async fn tls_and_other_schemes_are_refused_without_echoing_the_password() {
-    for url in [
-        "rediss://:pw-secret@127.0.0.1:6380",
-        "http://:pw-secret@127.0.0.1",
-    ] {
-        let Err(err) = RedisKeys::connect(url, "p:").await else {
-            panic!("{url} must be refused");
-        };
-        assert!(!err.to_string().contains("pw-secret"), "{err}");
-    }
-    let Err(err) = RedisKeys::connect("rediss://127.0.0.1:6380", "p:").await else {
-        panic!("rediss must be refused");
+async fn other_schemes_and_tls_files_on_plain_text_are_refused_without_echoing_the_password() {
+    let Err(err) = RedisKeys::connect("http://:pw-secret@127.0.0.1", "p:").await else {
+        panic!("http:// must be refused");
     };
-    assert!(err.to_string().contains("TLS"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("expected a redis:// or rediss:// URL"),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("pw-secret"), "{err}");
+    let ca = hooklatch_testkit::tls::TestCa::new("redis CA");
+    let tls = TlsFiles {
+        ca_pem: Some(ca.pem().to_owned()),
+        client: None,
+    };
+    let Err(err) = RedisKeys::connect_with_tls("redis://:pw-secret@127.0.0.1", "p:", &tls).await
+    else {
+        panic!("TLS files with redis:// must be refused");
+    };
+    assert!(err.to_string().contains("plain text"), "{err}");
+    assert!(!err.to_string().contains("pw-secret"), "{err}");
+}
+
+/// The Redis behind a TLS-terminating proxy (the testkit's, its certificate for `localhost`
+/// from `ca`), and the test URL rewritten to reach it: `rediss://[userinfo@]localhost:<port>[/db]`.
+async fn behind_tls(
+    url: &str,
+    ca: &hooklatch_testkit::tls::TestCa,
+    clients: Option<&hooklatch_testkit::tls::TestCa>,
+) -> (hooklatch_testkit::tls::TlsTerminator, String) {
+    let rest = url.strip_prefix("redis://").expect("a redis:// test URL");
+    let (userinfo, after) = match rest.rsplit_once('@') {
+        Some((userinfo, after)) => (format!("{userinfo}@"), after),
+        None => (String::new(), rest),
+    };
+    let (host_port, db) = after.split_at(after.find('/').unwrap_or(after.len()));
+    let host_port = host_port.replace("localhost", "127.0.0.1");
+    let upstream = if host_port.contains(':') {
+        host_port
+    } else {
+        format!("{host_port}:6379")
+    };
+    let upstream = upstream
+        .parse()
+        .expect("the test Redis is named by an IP address");
+    let tls =
+        hooklatch_testkit::tls::TlsTerminator::start(upstream, &ca.server(&["localhost"]), clients)
+            .await
+            .expect("the TLS proxy listens");
+    let port = tls.addr().port();
+    (tls, format!("rediss://{userinfo}localhost:{port}{db}"))
+}
+
+/// `rediss://`: claims go through TLS to the real Redis (behind a TLS-terminating proxy whose
+/// certificate comes from a private CA given as `ca_pem`) and are the same keys a plain
+/// connection sees; without that CA the built-in roots do not trust the server and the
+/// connection is refused before anything reaches Redis, with the reason.
+#[tokio::test]
+async fn rediss_claims_go_through_tls_to_a_server_the_given_ca_vouches_for() {
+    use hooklatch_testkit::tls::TestCa;
+    let Some(f) = Fixture::open("tls").await else {
+        return;
+    };
+    let ca = TestCa::new("redis CA");
+    let (tls, rediss) = behind_tls(&f.url, &ca, None).await;
+
+    let files = TlsFiles {
+        ca_pem: Some(ca.pem().to_owned()),
+        client: None,
+    };
+    let secure = RedisKeys::connect_with_tls(&rediss, &f.prefix, &files)
+        .await
+        .expect("connecting over TLS");
+    let one = keys(&["evt_tls"]);
+    let KeyClaim::Decided { keys: states, .. } =
+        secure.claim(&source(), &one, LEASE).await.expect("claim")
+    else {
+        panic!("a fresh key is claimed");
+    };
+    assert_eq!(states, [KeyState::Claimed]);
+    let claim = f.keys.claim(&source(), &one, LEASE).await.expect("claim");
+    assert!(
+        matches!(claim, KeyClaim::InFlight { .. }),
+        "the plain connection sees the claim made over TLS: {claim:?}"
+    );
+    assert!(tls.handshakes() >= 1 && tls.upstream_connections() >= 1);
+
+    let upstream_before = tls.upstream_connections();
+    let Err(err) = RedisKeys::connect(&rediss, &f.prefix).await else {
+        panic!("the built-in roots do not know the private CA");
+    };
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    assert!(err.to_string().contains("UnknownIssuer"), "{err}");
+    assert!(tls.refused_at_least(1, Duration::from_secs(10)).await >= 1);
+    assert_eq!(tls.upstream_connections(), upstream_before);
+    f.clean_up().await;
+}
+
+/// Mutual TLS: a server that asks for a client certificate refuses a connection without one
+/// and takes the one given (`client`), issued by the CA it trusts.
+#[tokio::test]
+async fn a_redis_asking_for_a_client_certificate_gets_the_given_one() {
+    use hooklatch_core::tls::ClientIdentity;
+    use hooklatch_testkit::tls::TestCa;
+    let Some(f) = Fixture::open("mtls").await else {
+        return;
+    };
+    let ca = TestCa::new("redis CA");
+    let (tls, rediss) = behind_tls(&f.url, &ca, Some(&ca)).await;
+    let mut files = TlsFiles {
+        ca_pem: Some(ca.pem().to_owned()),
+        client: None,
+    };
+    let anonymous = RedisKeys::connect_with_tls(&rediss, &f.prefix, &files).await;
+    let refused = match anonymous {
+        Err(err) => err.to_string(),
+        // TLS 1.3: the client may finish its side of the handshake before the server's
+        // refusal arrives; then the first call fails.
+        Ok(keys) => keys
+            .ping()
+            .await
+            .expect_err("no client certificate")
+            .to_string(),
+    };
+    assert!(!refused.is_empty());
+    assert_eq!(tls.upstream_connections(), 0);
+
+    let client = ca.client("hooklatch");
+    files.client = Some(ClientIdentity {
+        cert_pem: client.cert_pem().to_owned(),
+        key_pem: hooklatch_core::Secret::from_text(client.key_pem()),
+    });
+    let keys_tls = RedisKeys::connect_with_tls(&rediss, &f.prefix, &files)
+        .await
+        .expect("connecting with a client certificate");
+    keys_tls.ping().await.expect("ping over mutual TLS");
+    assert!(tls.upstream_connections() >= 1);
+    f.clean_up().await;
 }

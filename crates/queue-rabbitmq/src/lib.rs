@@ -35,7 +35,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use tokio::sync::Mutex;
 
-pub use tls::{check_ca_pem, check_client_identity, ClientIdentity, TlsConfig};
+pub use hooklatch_core::tls::{ClientIdentity, TlsFiles};
 pub use url::{is_tls_url, is_valid_url, redact_url};
 
 /// Where and how a [`Publisher`] publishes.
@@ -50,7 +50,7 @@ pub struct PublisherConfig {
     pub fallback_urls: Vec<String>,
     /// What the `amqps://` URLs trust and present (the built-in roots and no client
     /// certificate by default).
-    pub tls: TlsConfig,
+    pub tls: TlsFiles,
     /// The exchange; `""` is the default exchange, which routes by queue name.
     pub exchange: String,
     /// The routing key of every message.
@@ -126,7 +126,7 @@ impl PublisherConfig {
         PublisherConfig {
             url: url.into(),
             fallback_urls: Vec::new(),
-            tls: TlsConfig::default(),
+            tls: TlsFiles::default(),
             exchange: exchange.into(),
             routing_key: routing_key.into(),
             declare: false,
@@ -406,7 +406,7 @@ impl Publisher {
         let props = ConnectionProperties::default().with_connection_name(LongString::from(
             format!("hooklatch-{}", std::process::id()),
         ));
-        let connection = Connection::connect_with_config(url, props, c.tls.to_lapin())
+        let connection = Connection::connect_with_config(url, props, tls::to_lapin(&c.tls))
             .await
             .map_err(connect_err)?;
         let setup = async {

@@ -368,7 +368,7 @@ async fn a_broker_asking_for_a_client_certificate_gets_the_configured_one() {
     let client = ca.client("hooklatch");
     cfg.tls.client = Some(ClientIdentity {
         cert_pem: client.cert_pem().to_owned(),
-        key_pem: client.key_pem().to_owned(),
+        key_pem: hooklatch_core::Secret::from_text(client.key_pem()),
     });
     Publisher::new(cfg)
         .publish(&message("stripe:evt_mtls", b"{}"))

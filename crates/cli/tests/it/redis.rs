@@ -336,8 +336,17 @@ async fn start_up_warns_about_settings_that_forget_keys() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_redis_stops_the_gateway_at_start_without_showing_its_password() {
-    let dir = tempfile::tempdir().expect("a temp dir");
     let port = crate::support::free_port();
+    let text = serve_refused(&format!("redis://:hunter2secret@127.0.0.1:{port}/0")).await;
+    assert!(text.contains("key store"), "{text}");
+    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    assert!(!text.contains("hunter2secret"), "{text}");
+}
+
+/// Runs `hooklatch serve` with its keys at `keys` (a URL Redis cannot be used at), which must
+/// stop it at start rather than hang; returns what it printed.
+async fn serve_refused(keys: &str) -> String {
+    let dir = tempfile::tempdir().expect("a temp dir");
     let config = dir.path().join("hooklatch.toml");
     std::fs::write(
         &config,
@@ -349,7 +358,7 @@ admin_token = "a-token-long-enough-for-the-admin-api"
 
 [store]
 url = "sqlite://{db}"
-keys = "redis://:hunter2secret@127.0.0.1:{port}/0"
+keys = "{keys}"
 "#,
             db = dir.path().join("hooklatch.db").display()
         ),
@@ -363,7 +372,7 @@ keys = "redis://:hunter2secret@127.0.0.1:{port}/0"
         .output();
     let output = tokio::time::timeout(Duration::from_secs(60), child)
         .await
-        .expect("serve gives up on an unreachable Redis instead of hanging")
+        .expect("serve gives up on a Redis it cannot use instead of hanging")
         .expect("running hooklatch serve");
     let text = format!(
         "{}{}",
@@ -371,9 +380,67 @@ keys = "redis://:hunter2secret@127.0.0.1:{port}/0"
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(!output.status.success(), "{text}");
-    assert!(text.contains("key store"), "{text}");
-    assert!(text.contains(&format!("127.0.0.1:{port}")), "{text}");
+    text
+}
+
+/// `rediss://` end to end: a real `hooklatch serve` keeping its keys in the real Redis through
+/// TLS (a TLS-terminating proxy in front of it, its certificate from a private CA given as
+/// `store.keys_ca_file`): an event sent twice is accepted then a duplicate, and its done key
+/// is in Redis. Without the CA, `serve` does not start: the key store cannot be trusted, and
+/// it says why, without the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keys_over_tls_claim_once_and_an_untrusted_server_stops_the_start() {
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let (ca, tls, secure) = crate::support::behind_tls(&keys.url, 6379, "rediss").await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca_file = dir.path().join("redis-ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("writing the CA");
+
+    let mut options = keys.options("");
+    options.extra_env = vec![
+        ("HOOKLATCH_STORE__KEYS".to_owned(), secure.clone()),
+        (
+            "HOOKLATCH_STORE__KEY_PREFIX".to_owned(),
+            keys.prefix.clone(),
+        ),
+        (
+            "HOOKLATCH_STORE__KEYS_CA_FILE".to_owned(),
+            ca_file.display().to_string(),
+        ),
+    ];
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(&handler, options).await;
+    let id = unique("evt_rediss");
+    let body = stripe_invoice_paid(&id, 5000);
+    let mut verdicts = Vec::new();
+    for _ in 0..2 {
+        let (status, json) = gateway
+            .ingest()
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        verdicts.push((status, json["status"].as_str().unwrap_or("").to_owned()));
+    }
+    assert_eq!(
+        verdicts,
+        [(200, "accepted".to_owned()), (200, "duplicate".to_owned())]
+    );
+    let done = keys.get(&keys.key("stripe", &id)).await;
+    assert!(done.is_some_and(|v| v.starts_with("d:")), "the key is done");
+    assert!(tls.handshakes() >= 1 && tls.upstream_connections() >= 1);
+    drop(gateway);
+
+    let mut with_password = reqwest::Url::parse(&secure).expect("the rediss URL");
+    with_password
+        .set_password(Some("hunter2secret"))
+        .expect("a password");
+    let upstream_before = tls.upstream_connections();
+    let text = serve_refused(with_password.as_str()).await;
+    assert!(text.contains("UnknownIssuer"), "{text}");
     assert!(!text.contains("hunter2secret"), "{text}");
+    assert_eq!(tls.upstream_connections(), upstream_before);
+    keys.clean_up().await;
 }
 
 /// A Redis server of the test's own on a free port (no persistence), killed on drop.

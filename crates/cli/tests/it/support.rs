@@ -1524,6 +1524,46 @@ pub async fn outage_then_recovery(
     answered_in
 }
 
+/// The address a service URL (`redis://…`, `amqp://…`) names, resolved; `default_port` when
+/// the URL has none.
+pub fn service_addr(url: &str, default_port: u16) -> SocketAddr {
+    let url = reqwest::Url::parse(url).expect("a service URL");
+    std::net::ToSocketAddrs::to_socket_addrs(&(
+        url.host_str().expect("a host").to_owned(),
+        url.port().unwrap_or(default_port),
+    ))
+    .expect("resolving the service")
+    .next()
+    .expect("an address")
+}
+
+/// The service at `url` behind a TLS-terminating proxy (the testkit's) whose certificate, for
+/// `localhost`, comes from a new private CA; and `url` rewritten to reach it over TLS:
+/// `tls_scheme` (`amqps`, `rediss`), host `localhost`, the proxy's port.
+pub async fn behind_tls(
+    url: &str,
+    default_port: u16,
+    tls_scheme: &str,
+) -> (
+    hooklatch_testkit::tls::TestCa,
+    hooklatch_testkit::tls::TlsTerminator,
+    String,
+) {
+    let ca = hooklatch_testkit::tls::TestCa::new("hooklatch e2e CA");
+    let tls = hooklatch_testkit::tls::TlsTerminator::start(
+        service_addr(url, default_port),
+        &ca.server(&["localhost"]),
+        None,
+    )
+    .await
+    .expect("the TLS proxy listens");
+    let mut secure = reqwest::Url::parse(url).expect("a service URL");
+    secure.set_scheme(tls_scheme).expect("a TLS scheme");
+    secure.set_host(Some("localhost")).expect("a host");
+    secure.set_port(Some(tls.addr().port())).expect("a port");
+    (ca, tls, secure.to_string())
+}
+
 /// A fault proxy in front of the service `url` names (`default_port` when it names none), and
 /// `url` rewritten to go through it.
 pub async fn proxied(
@@ -1531,13 +1571,7 @@ pub async fn proxied(
     default_port: u16,
 ) -> (hooklatch_testkit::proxy::FaultProxy, String) {
     let mut through = reqwest::Url::parse(url).expect("a service URL");
-    let upstream = std::net::ToSocketAddrs::to_socket_addrs(&(
-        through.host_str().expect("a host").to_owned(),
-        through.port().unwrap_or(default_port),
-    ))
-    .expect("resolving the service")
-    .next()
-    .expect("an address");
+    let upstream = service_addr(url, default_port);
     let proxy = hooklatch_testkit::proxy::FaultProxy::start(upstream)
         .await
         .expect("starting the fault proxy");
