@@ -669,7 +669,7 @@ async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
 
 /// `amqps://` end to end: a real `hooklatch serve` whose RabbitMQ destination speaks TLS (to
 /// a TLS-terminating proxy in front of the real broker, its certificate from a private CA
-/// given by `amqp_ca_file`) publishes an accepted event once, keyed by its event. Without the
+/// given by `ca_file`) publishes an accepted event once, keyed by its event. Without the
 /// CA the same gateway cannot trust the broker: every attempt fails on the certificate
 /// (recorded as the delivery's error, no password in it), the event is dead-lettered, not
 /// lost, and nothing — no credentials, no message — reached the broker in plain text.
@@ -694,7 +694,7 @@ async fn an_amqps_destination_publishes_over_tls_and_an_untrusted_broker_gets_no
         &handler,
         options(
             &amqps,
-            &format!("{settings}\namqp_ca_file = \"{}\"", ca_file.display()),
+            &format!("{settings}\nca_file = \"{}\"", ca_file.display()),
         ),
     )
     .await;

@@ -170,6 +170,9 @@ pub enum DestinationKind {
         /// The special addresses (loopback, private, link-local, …) deliveries may reach:
         /// `allow`.
         allow: AddressPolicy,
+        /// With an `https://` url: a CA trusted besides the built-in roots (`ca_file`) and a
+        /// client certificate (`client_cert`, `client_key`).
+        tls: TlsFiles,
     },
     /// Publish to a RabbitMQ exchange, persistent, confirmed and mandatory.
     Amqp(AmqpSettings),
@@ -233,9 +236,8 @@ pub struct AmqpSettings {
     pub delivery_limit: Option<u32>,
     /// With `queue`: its `x-dead-letter-exchange` (at-least-once on a quorum queue).
     pub dead_letter_exchange: Option<String>,
-    /// What `amqps://` URLs trust besides the built-in roots (`amqp_ca_file`) and the client
-    /// certificate they present (`amqp_client_cert`, `amqp_client_key`); read and checked at
-    /// load.
+    /// What `amqps://` URLs trust besides the built-in roots (`ca_file`) and the client
+    /// certificate they present (`client_cert`, `client_key`); read and checked at load.
     pub tls: TlsFiles,
 }
 
@@ -360,9 +362,9 @@ struct RawDestination {
     secret: Option<String>,
     amqp: Option<String>,
     amqp_fallback: Option<Vec<String>>,
-    amqp_ca_file: Option<String>,
-    amqp_client_cert: Option<String>,
-    amqp_client_key: Option<String>,
+    ca_file: Option<String>,
+    client_cert: Option<String>,
+    client_key: Option<String>,
     listen_token: Option<String>,
     allow: Option<Vec<String>>,
     exchange: Option<String>,
@@ -383,12 +385,9 @@ struct RawDestination {
 }
 
 /// The keys only an `amqp` destination takes, and whether `rd` sets each.
-fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 12] {
+fn amqp_only_keys(rd: &RawDestination) -> [(&'static str, bool); 9] {
     [
         ("amqp_fallback", rd.amqp_fallback.is_some()),
-        ("amqp_ca_file", rd.amqp_ca_file.is_some()),
-        ("amqp_client_cert", rd.amqp_client_cert.is_some()),
-        ("amqp_client_key", rd.amqp_client_key.is_some()),
         ("exchange", rd.exchange.is_some()),
         ("routing_key", rd.routing_key.is_some()),
         ("declare", rd.declare.is_some()),
@@ -461,6 +460,18 @@ fn listen_kind(
             "applies only to HTTP destinations (a listener chooses where its deliveries go)",
         ));
     }
+    let tls = [
+        ("ca_file", rd.ca_file.is_some()),
+        ("client_cert", rd.client_cert.is_some()),
+        ("client_key", rd.client_key.is_some()),
+    ];
+    if let Some((field, _)) = tls.iter().find(|(_, set)| *set) {
+        return Err(err(
+            format!("{key}.{field}"),
+            "applies only to url and amqp destinations (the listener connects to the gateway, \
+             not the gateway to it)",
+        ));
+    }
     let token = read_secret(&format!("{key}.listen_token"), reference, env, base_dir)?;
     if token.expose().len() < 16 {
         return Err(err(
@@ -525,7 +536,19 @@ fn destination_kind(
                     ),
                 ));
             }
-            Ok(DestinationKind::Http { url, secret, allow })
+            let tls = tls_files(
+                &destination_tls_keys(key, rd),
+                url.scheme() == "https",
+                "this destination's url is http://",
+                env,
+                base_dir,
+            )?;
+            Ok(DestinationKind::Http {
+                url,
+                secret,
+                allow,
+                tls,
+            })
         }
         (None, Some(reference)) => {
             if rd.allow.is_some() {
@@ -603,12 +626,7 @@ fn destination_kind(
                 .chain(&fallback)
                 .any(|u| hooklatch_queue_rabbitmq::is_tls_url(u.expose_text().unwrap_or_default()));
             let tls = tls_files(
-                &TlsKeys {
-                    prefix: format!("{key}.amqp_"),
-                    ca_file: rd.amqp_ca_file.as_deref(),
-                    client_cert: rd.amqp_client_cert.as_deref(),
-                    client_key: rd.amqp_client_key.as_deref(),
-                },
+                &destination_tls_keys(key, rd),
                 tls_urls,
                 "this destination's URLs are all amqp://",
                 env,
@@ -634,6 +652,17 @@ fn destination_kind(
                 tls,
             }))
         }
+    }
+}
+
+/// A destination's TLS keys: `ca_file`, `client_cert`, `client_key`, for its `url` (https://)
+/// or its `amqp` URLs (amqps://).
+fn destination_tls_keys<'a>(key: &str, rd: &'a RawDestination) -> TlsKeys<'a> {
+    TlsKeys {
+        prefix: format!("{key}."),
+        ca_file: rd.ca_file.as_deref(),
+        client_cert: rd.client_cert.as_deref(),
+        client_key: rd.client_key.as_deref(),
     }
 }
 
@@ -2338,12 +2367,13 @@ tolerance = "30s"
         );
     }
 
-    /// `amqps://` (TLS): loads with the built-in roots alone, or with a private CA and a
-    /// client certificate whose files are read and checked at load (relative to the
-    /// configuration's directory); every mistake is named, and neither the URL's password nor
-    /// the client key shows in an error or in `Debug`.
+    /// A destination's TLS files (`ca_file`, `client_cert`, `client_key`), for `amqps://` and
+    /// `https://`: the built-in roots alone, or a private CA and a client certificate whose
+    /// files are read and checked at load (relative to the configuration's directory); every
+    /// mistake is named, and neither the URL's password nor the client key shows in an error
+    /// or in `Debug`.
     #[test]
-    fn amqps_destinations_load_with_their_tls_files_checked_and_no_secret_shown() {
+    fn destination_tls_files_are_checked_at_load_and_no_secret_shown() {
         use hooklatch_testkit::tls::TestCa;
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::new("rabbit CA");
@@ -2384,8 +2414,8 @@ tolerance = "30s"
         assert_eq!(a.redacted_url(), "amqps://guest:***@mq.internal:5671/%2f");
 
         let full = load_in_dir(
-            "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"ca.pem\"\n\
-             amqp_client_cert = \"client.pem\"\namqp_client_key = \"file:client.key\"",
+            "amqp = \"env:MQ_TLS\"\nca_file = \"ca.pem\"\n\
+             client_cert = \"client.pem\"\nclient_key = \"file:client.key\"",
         )
         .unwrap();
         let a = amqp(&full);
@@ -2402,7 +2432,7 @@ tolerance = "30s"
 
         // A plain primary with an amqps:// fallback node: the TLS files are for that node.
         load_in_dir(
-            "amqp = \"env:MQ_PLAIN\"\namqp_fallback = [\"env:MQ_TLS\"]\namqp_ca_file = \"ca.pem\"",
+            "amqp = \"env:MQ_PLAIN\"\namqp_fallback = [\"env:MQ_TLS\"]\nca_file = \"ca.pem\"",
         )
         .unwrap();
 
@@ -2417,45 +2447,74 @@ tolerance = "30s"
             }
         };
         check(
-            "amqp = \"env:MQ_PLAIN\"\namqp_ca_file = \"ca.pem\"",
-            "destinations[0].amqp_ca_file: applies only to TLS connections; this destination's URLs are all amqp://",
+            "amqp = \"env:MQ_PLAIN\"\nca_file = \"ca.pem\"",
+            "destinations[0].ca_file: applies only to TLS connections; this destination's URLs are all amqp://",
         );
         check(
-            "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"missing.pem\"",
-            "destinations[0].amqp_ca_file: reading ",
+            "amqp = \"env:MQ_TLS\"\nca_file = \"missing.pem\"",
+            "destinations[0].ca_file: reading ",
         );
         check(
-            "amqp = \"env:MQ_TLS\"\namqp_ca_file = \"not-a-ca.pem\"",
-            "destinations[0].amqp_ca_file: not-a-ca.pem: holds no PEM certificate",
+            "amqp = \"env:MQ_TLS\"\nca_file = \"not-a-ca.pem\"",
+            "destinations[0].ca_file: not-a-ca.pem: holds no PEM certificate",
         );
         check(
-            "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"",
-            "destinations[0].amqp_client_key: is required with destinations[0].amqp_client_cert",
+            "amqp = \"env:MQ_TLS\"\nclient_cert = \"client.pem\"",
+            "destinations[0].client_key: is required with destinations[0].client_cert",
         );
         check(
-            "amqp = \"env:MQ_TLS\"\namqp_client_key = \"file:client.key\"",
-            "destinations[0].amqp_client_cert: is required with destinations[0].amqp_client_key",
+            "amqp = \"env:MQ_TLS\"\nclient_key = \"file:client.key\"",
+            "destinations[0].client_cert: is required with destinations[0].client_key",
         );
         check(
-            "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"\namqp_client_key = \"file:other.key\"",
-            "destinations[0].amqp_client_cert: the key cannot be used with the certificate",
+            "amqp = \"env:MQ_TLS\"\nclient_cert = \"client.pem\"\nclient_key = \"file:other.key\"",
+            "destinations[0].client_cert: the key cannot be used with the certificate",
         );
         check(
-            "amqp = \"env:MQ_TLS\"\namqp_client_cert = \"client.pem\"\namqp_client_key = \"file:client.pem\"",
-            "destinations[0].amqp_client_cert: the key holds no PEM private key",
+            "amqp = \"env:MQ_TLS\"\nclient_cert = \"client.pem\"\nclient_key = \"file:client.pem\"",
+            "destinations[0].client_cert: the key holds no PEM private key",
         );
         check(
             "amqp = \"http://mq.internal/\"",
             "destinations[0].amqp: must be an amqp:// URL (or amqps:// for TLS)",
         );
-        let http = EXAMPLE.replace(
-            "url = \"http://app.internal:3000/webhooks/stripe\"",
-            "url = \"http://app.internal:3000/webhooks/stripe\"\namqp_ca_file = \"ca.pem\"",
-        );
-        let msg = load_str(&http, &e).unwrap_err().to_string();
-        assert!(
-            msg.contains("destinations[0].amqp_ca_file: applies only to amqp destinations"),
-            "{msg}"
-        );
+
+        // The same keys on an HTTP destination: for an https:// url only; never on a listen
+        // destination.
+        let load_destination = |lines: &str| {
+            let toml = EXAMPLE.replace("url = \"http://app.internal:3000/webhooks/stripe\"", lines);
+            let path = dir.path().join("hooklatch.toml");
+            std::fs::write(&path, toml).unwrap();
+            load(Some(&path), &e)
+        };
+        let https = load_destination(
+            "url = \"https://app.internal/webhooks/stripe\"\nca_file = \"ca.pem\"\n\
+             client_cert = \"client.pem\"\nclient_key = \"file:client.key\"",
+        )
+        .unwrap();
+        let DestinationKind::Http { tls, .. } = &https.destinations[0].kind else {
+            panic!("an HTTP destination");
+        };
+        assert_eq!(tls.ca_pem.as_deref(), Some(ca.pem()));
+        assert!(tls.client.is_some());
+        assert!(!format!("{https:?}").contains("PRIVATE KEY"));
+        for (lines, expect) in [
+            (
+                "url = \"http://app.internal/webhooks/stripe\"\nca_file = \"ca.pem\"",
+                "destinations[0].ca_file: applies only to TLS connections; this destination's url is http://",
+            ),
+            (
+                "url = \"https://app.internal/webhooks/stripe\"\nclient_key = \"file:other.key\"\nclient_cert = \"client.pem\"",
+                "destinations[0].client_cert: the key cannot be used with the certificate",
+            ),
+            (
+                "listen_token = \"0123456789abcdef0123\"\nca_file = \"ca.pem\"",
+                "destinations[0].ca_file: applies only to url and amqp destinations",
+            ),
+        ] {
+            let msg = load_destination(lines).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+            assert!(!msg.contains("PRIVATE KEY"), "{msg}");
+        }
     }
 }

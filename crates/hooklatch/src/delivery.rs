@@ -623,7 +623,10 @@ impl Worker {
         attempt: u32,
         now: Timestamp,
     ) -> Result<(u16, Option<String>), String> {
-        let DestinationKind::Http { url, secret, allow } = &dest.kind else {
+        let DestinationKind::Http {
+            url, secret, allow, ..
+        } = &dest.kind
+        else {
             return Err(format!(
                 "destination {:?} is not an HTTP destination",
                 dest.name
@@ -1009,6 +1012,7 @@ mod tests {
                 url: url.parse().unwrap(),
                 secret: None,
                 allow: loopback(),
+                tls: Default::default(),
             },
             timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
@@ -1029,7 +1033,7 @@ mod tests {
             providers: HashMap::new(),
             clients: HashMap::from([(
                 "app".to_owned(),
-                crate::outbound::client(loopback()).unwrap(),
+                crate::outbound::client(loopback(), &Default::default()).unwrap(),
             )]),
             owner: "test-worker".to_owned(),
             concurrency,

@@ -358,8 +358,8 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             .destinations
             .iter()
             .filter_map(|d| match &d.kind {
-                config::DestinationKind::Http { allow, .. } => Some(
-                    outbound::client(allow.clone())
+                config::DestinationKind::Http { allow, tls, .. } => Some(
+                    outbound::client(allow.clone(), tls)
                         .map(|client| (d.name.clone(), client))
                         .context("building a delivery HTTP client"),
                 ),
@@ -487,7 +487,12 @@ fn log_effective_config(settings: &Settings) {
     }
     for d in &settings.destinations {
         match &d.kind {
-            config::DestinationKind::Http { url, secret, allow } => {
+            config::DestinationKind::Http {
+                url,
+                secret,
+                allow,
+                tls,
+            } => {
                 let mut url = url.clone();
                 let _ = url.set_password(None);
                 let _ = url.set_username("");
@@ -496,6 +501,7 @@ fn log_effective_config(settings: &Settings) {
                     url = %url,
                     signed = secret.is_some(),
                     allow = ?allow.allowed().iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    tls = ?tls,
                     max_attempts = d.retry.max_attempts,
                     "destination"
                 );
@@ -508,8 +514,7 @@ fn log_effective_config(settings: &Settings) {
                 declare = a.declare,
                 queue = a.queue.as_deref().unwrap_or(""),
                 quorum = a.quorum,
-                tls_ca_file = a.tls.ca_pem.is_some(),
-                tls_client_certificate = a.tls.client.is_some(),
+                tls = ?a.tls,
                 max_attempts = d.retry.max_attempts,
                 "destination"
             ),

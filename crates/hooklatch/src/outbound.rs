@@ -9,6 +9,9 @@
 //! written in the URL is not resolved; [`check_literal`] checks it before the request is
 //! made (the URL parser has already turned `http://2130706433/` and `http://0177.0.0.1/` into
 //! `127.0.0.1`). Redirects are never followed, and no proxy from the environment is used.
+//!
+//! TLS (`https://`) is rustls's, trusting the Mozilla roots built in and the destination's
+//! `ca_file`, presenting its `client_cert` when the server asks ([`TlsFiles`]).
 
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -17,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hooklatch_core::netguard::{AddressPolicy, Blocked};
+use hooklatch_core::tls::TlsFiles;
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use reqwest::Url;
 
@@ -76,20 +80,52 @@ impl Resolve for GuardedResolver {
     }
 }
 
-/// A delivery client for one destination: its policy, no redirects, no proxy.
-pub(crate) fn client(policy: AddressPolicy) -> reqwest::Result<reqwest::Client> {
-    client_with(GuardedResolver::new(policy))
+/// A delivery client for one destination: its policy and TLS files, no redirects, no proxy.
+pub(crate) fn client(policy: AddressPolicy, tls: &TlsFiles) -> reqwest::Result<reqwest::Client> {
+    client_with(GuardedResolver::new(policy), tls)
 }
 
-fn client_with(resolver: GuardedResolver) -> reqwest::Result<reqwest::Client> {
-    reqwest::Client::builder()
+fn client_with(resolver: GuardedResolver, tls: &TlsFiles) -> reqwest::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .user_agent(concat!("hooklatch/", env!("CARGO_PKG_VERSION")))
         .connect_timeout(Duration::from_secs(10))
         .pool_idle_timeout(Duration::from_secs(30))
-        .dns_resolver(Arc::new(resolver))
-        .build()
+        .dns_resolver(Arc::new(resolver));
+    if let Some(pem) = &tls.ca_pem {
+        for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes())? {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    if let Some(client) = &tls.client {
+        // reqwest reads the certificates and one key from one PEM text, and refuses any other
+        // section (`EC PARAMETERS`, which OpenSSL writes before an EC key): give it the key's
+        // own block only.
+        let key = client
+            .key_pem
+            .expose_text()
+            .and_then(private_key_block)
+            .unwrap_or_default();
+        let identity = format!("{}\n{key}\n", client.cert_pem.trim_end());
+        builder = builder.identity(reqwest::Identity::from_pem(identity.as_bytes())?);
+    }
+    builder.build()
+}
+
+/// The first `-----BEGIN … PRIVATE KEY-----` … `-----END … PRIVATE KEY-----` block of `pem`.
+fn private_key_block(pem: &str) -> Option<&str> {
+    let mut offset = 0;
+    for line in pem.split_inclusive('\n') {
+        let text = line.trim_end();
+        if text.starts_with("-----BEGIN ") && text.ends_with("PRIVATE KEY-----") {
+            let end_marker = text.replacen("BEGIN", "END", 1);
+            let end = offset + pem[offset..].find(&end_marker)? + end_marker.len();
+            return Some(&pem[offset..end]);
+        }
+        offset += line.len();
+    }
+    None
 }
 
 /// Checks an address written in `url` (no resolver sees it); a name passes here and is
@@ -105,6 +141,24 @@ pub fn check_literal(url: &Url, policy: &AddressPolicy) -> Result<(), Blocked> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_key_block_is_taken_alone_from_what_openssl_writes_around_it() {
+        let openssl_ec =
+            "-----BEGIN EC PARAMETERS-----\nBggqhkjOPQMBBw==\n-----END EC PARAMETERS-----\n\
+             -----BEGIN EC PRIVATE KEY-----\nMHcCAQEE\n-----END EC PRIVATE KEY-----\n";
+        assert_eq!(
+            private_key_block(openssl_ec),
+            Some("-----BEGIN EC PRIVATE KEY-----\nMHcCAQEE\n-----END EC PRIVATE KEY-----")
+        );
+        let pkcs8 = "-----BEGIN PRIVATE KEY-----\r\nMIGH\r\n-----END PRIVATE KEY-----";
+        assert_eq!(private_key_block(pkcs8), Some(pkcs8));
+        assert_eq!(
+            private_key_block("-----BEGIN PRIVATE KEY-----\nMIGH\n"),
+            None
+        );
+        assert_eq!(private_key_block("no key here"), None);
+    }
 
     #[test]
     fn other_ways_to_write_loopback_are_loopback_to_the_check() {
@@ -224,7 +278,7 @@ mod tests {
                 Box::pin(async move { Ok(answer) })
             }),
         };
-        let client = client_with(resolver).unwrap();
+        let client = client_with(resolver, &TlsFiles::default()).unwrap();
         let (mut sent, mut refused) = (0, 0);
         for _ in 0..30 {
             // A fresh connection each time (the answer says `close`), so a fresh lookup.

@@ -8,7 +8,9 @@
 //! holds a blocked address (the metadata endpoint, loopback in decimal, `[::1]`, 127.0.0.2)
 //! stops `hooklatch check-config` with status 2 and the line to add; that an allowed
 //! destination redirecting to a blocked address does not get the redirect followed; and the
-//! same on IPv6 loopback (`[::1]`), where a destination allowed `::1` is delivered.
+//! same on IPv6 loopback (`[::1]`), where a destination allowed `::1` is delivered. And
+//! `https://` destinations: delivered only with the CA and client certificate their server
+//! asks for.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -255,4 +257,105 @@ fn a_blocked_address_in_a_url_stops_the_configuration() {
         assert!(stderr.contains("destinations[0].url: "), "{url}: {stderr}");
         assert!(stderr.contains("allow = [\""), "{url}: {stderr}");
     }
+}
+
+/// `https://` destinations: the handler behind a TLS-terminating proxy (the testkit's, its
+/// certificate for `localhost` from a private CA) that also asks for a client certificate.
+/// The destination given the CA (`ca_file`) and a client certificate (`client_cert`,
+/// `client_key`) is delivered; the one with the CA and no client certificate is refused by the
+/// server, the one without the CA refuses the server (`UnknownIssuer`): both are retried then
+/// dead-lettered with the reason, and neither reached the handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_destination_is_delivered_only_with_its_ca_and_client_certificate() {
+    use hooklatch_testkit::tls::{TestCa, TlsTerminator};
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let ca = TestCa::new("hooklatch e2e CA");
+    let tls = TlsTerminator::start(
+        crate::support::service_addr(&app.url(), 80),
+        &ca.server(&["localhost"]),
+        Some(&ca),
+    )
+    .await
+    .expect("the TLS proxy listens");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let client = ca.client("hooklatch");
+    let files = [
+        ("ca.pem", ca.pem()),
+        ("client.pem", client.cert_pem()),
+        ("client.key", client.key_pem()),
+    ];
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).expect("writing a TLS file");
+    }
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let https = format!("https://localhost:{}/webhooks", tls.addr().port());
+    let mut extra = String::new();
+    for (name, tls_lines) in [
+        (
+            "trusted",
+            format!(
+                "ca_file = \"{}\"\nclient_cert = \"{}\"\nclient_key = \"file:{}\"",
+                path("ca.pem"),
+                path("client.pem"),
+                path("client.key")
+            ),
+        ),
+        ("anonymous", format!("ca_file = \"{}\"", path("ca.pem"))),
+        ("untrusted", String::new()),
+    ] {
+        extra.push_str(&format!(
+            r#"
+[[sources]]
+name = "{name}"
+provider = "stripe"
+secrets = ["env:E2E_STRIPE_SECRET"]
+destinations = ["{name}"]
+
+[[destinations]]
+name = "{name}"
+url = "{https}"
+allow = ["127.0.0.1"]
+max_attempts = 2
+initial_backoff = "100ms"
+max_backoff = "100ms"
+jitter = 0.0
+{tls_lines}
+"#
+        ));
+    }
+    let gw = Gateway::start_with(
+        &app,
+        Options {
+            extra_config: extra,
+            ..Options::default()
+        },
+    )
+    .await;
+
+    let event = unique("evt_https");
+    let body = stripe_invoice_paid(&event, 4200);
+    for source in ["trusted", "anonymous", "untrusted"] {
+        let (status, json) = gw.post(source, &stripe_headers(&body), body.clone()).await;
+        assert_eq!(status, 200, "{source}: {json}");
+    }
+    gw.wait_for_delivery_state(&format!("trusted:{event}"), "delivered")
+        .await;
+    assert_eq!(app.count_for(&format!("trusted:{event}")), 1);
+    for (source, reason) in [
+        ("anonymous", "CertificateRequired"),
+        ("untrusted", "UnknownIssuer"),
+    ] {
+        let dead = gw
+            .wait_for_delivery_state(&format!("{source}:{event}"), "dead")
+            .await;
+        let error = dead["last_error"].as_str().unwrap_or("");
+        assert!(error.contains(reason), "{source}: {dead:#}");
+        assert!(!error.contains("PRIVATE KEY"), "{error}");
+        assert_eq!(app.count_for(&format!("{source}:{event}")), 0);
+    }
+    assert_eq!(
+        tls.upstream_connections(),
+        1,
+        "only the trusted destination got through"
+    );
 }
