@@ -58,6 +58,8 @@ pub struct Settings {
     pub log_format: LogFormat,
     /// Threads of the async runtime; `None` is `"auto"` ([`Settings::runtime_workers`]).
     pub workers: Option<usize>,
+    /// TLS on the public listener (`tls_cert`, `tls_key`); `None` serves plain HTTP.
+    pub tls: Option<ServerTls>,
     /// The store.
     pub store: StoreSettings,
     /// Worker settings.
@@ -66,6 +68,88 @@ pub struct Settings {
     pub sources: Vec<Source>,
     /// Destinations, resolved.
     pub destinations: Vec<Destination>,
+}
+
+/// The public listener's certificate and key: where they are, read at start and again on
+/// `SIGHUP` (after a renewal), so that a file replaced later is read then.
+#[derive(Clone)]
+pub struct ServerTls {
+    /// `tls_cert`: the certificate chain, PEM, resolved against the configuration's
+    /// directory.
+    pub cert_file: std::path::PathBuf,
+    /// `tls_key`: a secret reference (`file:…`, `env:…`) to the private key, PEM.
+    key_reference: String,
+    /// The configuration file's directory, for a relative `file:` reference.
+    base_dir: Option<std::path::PathBuf>,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("cert_file", &self.cert_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerTls {
+    /// Reads the certificate chain and the key, and checks that the key is the certificate's:
+    /// `(certificate PEM, key)`. Errors name the file and what is wrong, never the key.
+    pub fn read(&self, env: &HashMap<String, String>) -> Result<(String, Secret), ConfigError> {
+        let cert_pem = std::fs::read_to_string(&self.cert_file).map_err(|e| {
+            err(
+                "server.tls_cert",
+                format!("reading {}: {e}", self.cert_file.display()),
+            )
+        })?;
+        let key = read_secret(
+            "server.tls_key",
+            &self.key_reference,
+            env,
+            self.base_dir.as_deref(),
+        )?;
+        let identity = ClientIdentity {
+            cert_pem,
+            key_pem: key,
+        };
+        crate::tls_files::check_client_identity(&identity)
+            .map_err(|e| err("server.tls_cert", e))?;
+        Ok((identity.cert_pem, identity.key_pem))
+    }
+}
+
+/// `[server] tls_cert` and `tls_key`: both or neither, read and checked once here.
+fn server_tls(
+    s: &RawServer,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Option<ServerTls>, ConfigError> {
+    let (cert, key) = match (&s.tls_cert, &s.tls_key) {
+        (None, None) => return Ok(None),
+        (Some(_), None) => {
+            return Err(err(
+                "server.tls_key",
+                "is required with server.tls_cert (the certificate's private key)",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(err(
+                "server.tls_cert",
+                "is required with server.tls_key (the key's certificate chain)",
+            ))
+        }
+        (Some(cert), Some(key)) => (cert, key),
+    };
+    let cert_file = Path::new(cert);
+    let tls = ServerTls {
+        cert_file: match base_dir {
+            Some(dir) if cert_file.is_relative() => dir.join(cert_file),
+            _ => cert_file.to_path_buf(),
+        },
+        key_reference: key.clone(),
+        base_dir: base_dir.map(Path::to_path_buf),
+    };
+    tls.read(env)?;
+    Ok(Some(tls))
 }
 
 /// How logs are written.
@@ -298,6 +382,8 @@ struct RawServer {
     shutdown_grace: Value,
     log_format: String,
     workers: Value,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1082,6 +1168,7 @@ fn resolve(
         shutdown_grace: duration("server.shutdown_grace", &s.shutdown_grace)?,
         log_format,
         workers: workers("server.workers", &s.workers)?,
+        tls: server_tls(s, env, base_dir)?,
         store,
         delivery: DeliverySettings {
             enabled: d.enabled,
@@ -2290,6 +2377,63 @@ tolerance = "30s"
             "[store]\nkeys = \"redis://127.0.0.1\"\nkey_prefix = \"\"\n",
         );
         check_err(&toml, &with_secret, "store.key_prefix: must not be empty");
+    }
+
+    /// `[server] tls_cert` and `tls_key`: both or neither; read and checked at load (the key
+    /// must be the certificate's), and readable again later from the same places.
+    #[test]
+    fn the_public_listeners_tls_files_are_checked_at_load() {
+        use hooklatch_testkit::tls::TestCa;
+        let dir = tempfile::tempdir().unwrap();
+        let ca = TestCa::new("listener CA");
+        let (server, other) = (ca.server(&["hooks.example.com"]), ca.server(&["other"]));
+        for (name, text) in [
+            ("fullchain.pem", server.cert_pem()),
+            ("privkey.pem", server.key_pem()),
+            ("other.pem", other.key_pem()),
+        ] {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x")]);
+        let load_in_dir = |server_lines: &str| {
+            let toml = format!("[server]\n{server_lines}\n{EXAMPLE}");
+            let path = dir.path().join("hooklatch.toml");
+            std::fs::write(&path, toml).unwrap();
+            load(Some(&path), &e)
+        };
+        assert!(load_in_dir("").unwrap().tls.is_none());
+        let tls = load_in_dir("tls_cert = \"fullchain.pem\"\ntls_key = \"file:privkey.pem\"")
+            .unwrap()
+            .tls
+            .expect("TLS on the public listener");
+        assert_eq!(tls.cert_file, dir.path().join("fullchain.pem"));
+        let (cert, key) = tls.read(&e).expect("read again");
+        assert_eq!(cert, server.cert_pem());
+        assert_eq!(key.expose_text(), Some(server.key_pem().trim()));
+        assert!(!format!("{tls:?}").contains("privkey"));
+
+        for (lines, expect) in [
+            (
+                "tls_cert = \"fullchain.pem\"",
+                "server.tls_key: is required with server.tls_cert",
+            ),
+            (
+                "tls_key = \"file:privkey.pem\"",
+                "server.tls_cert: is required with server.tls_key",
+            ),
+            (
+                "tls_cert = \"fullchain.pem\"\ntls_key = \"file:other.pem\"",
+                "server.tls_cert: the key cannot be used with the certificate",
+            ),
+            (
+                "tls_cert = \"missing.pem\"\ntls_key = \"file:privkey.pem\"",
+                "server.tls_cert: reading ",
+            ),
+        ] {
+            let msg = load_in_dir(lines).unwrap_err().to_string();
+            assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
+            assert!(!msg.contains("PRIVATE KEY"), "{msg}");
+        }
     }
 
     /// `rediss://` (TLS) keys: the built-in roots alone, or a CA and a client certificate read

@@ -33,6 +33,7 @@ pub mod effect;
 pub mod fixtures;
 pub mod listen;
 pub mod listener;
+mod listener_tls;
 mod maintenance;
 mod outbound;
 pub mod replay;
@@ -223,6 +224,14 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     let opened = open_store(&settings.store, enqueued.clone()).await?;
     let store = opened.store.clone();
     let keys = open_keys(&settings.store).await?;
+    let ingest_tls = match &settings.tls {
+        None => None,
+        Some(tls) => {
+            let tls = Arc::new(listener_tls::ListenerTls::new(tls.clone())?);
+            tls.clone().reload_on_sighup()?;
+            Some(tls)
+        }
+    };
     let ingest_listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("binding server.listen {}", settings.listen))?;
@@ -384,6 +393,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         ingest_listener,
         ingest,
         settings.header_timeout,
+        ingest_tls,
         stop_serving.clone(),
         grace,
     ));
@@ -392,6 +402,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         admin_listener,
         admin,
         settings.header_timeout,
+        None,
         stop_serving.clone(),
         grace,
     ));
@@ -469,6 +480,7 @@ fn log_effective_config(settings: &Settings) {
     };
     tracing::info!(
         listen = %settings.listen,
+        tls = ?settings.tls.as_ref().map(|t| t.cert_file.display().to_string()),
         admin_listen = %settings.admin_listen,
         %store,
         body_limit = settings.body_limit,

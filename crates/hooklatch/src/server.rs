@@ -2,9 +2,11 @@
 //!
 //! hyper's header-read timeout only works with a timer set; without one it silently does
 //! nothing. So every connection gets `TokioTimer` and `header_read_timeout`, which closes
-//! slowloris connections; the body's own timeout lives in the ingest handler. Shutdown stops
-//! accepting, lets open connections finish their request for up to the grace period, then
-//! returns.
+//! slowloris connections; the body's own timeout lives in the ingest handler. With TLS
+//! ([`ListenerTls`]) the handshake runs in the connection's own task, within the same
+//! header timeout, so a client that never finishes it holds nothing but its socket for that
+//! long. Shutdown stops accepting, lets open connections finish their request for up to the
+//! grace period, then returns.
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,16 +22,20 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
-/// Serves `router` on `listener` until `cancel`, then drains for up to `grace`.
+use crate::listener_tls::ListenerTls;
+
+/// Serves `router` on `listener` until `cancel`, then drains for up to `grace`; over TLS
+/// when `tls` is given.
 pub(crate) async fn serve(
     name: &'static str,
     listener: TcpListener,
     router: Router,
     header_timeout: Duration,
+    tls: Option<std::sync::Arc<ListenerTls>>,
     cancel: CancellationToken,
     grace: Duration,
 ) {
@@ -54,20 +60,39 @@ pub(crate) async fn serve(
                 req.extensions_mut().insert(ConnectInfo::<SocketAddr>(peer));
                 req
             });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
-            .keep_alive(true)
-            .serve_connection(
-                TokioIo::new(Connection {
-                    stream,
-                    ingest: name == "ingest",
-                }),
-                TowerToHyperService::new(service),
-            );
-        let conn = graceful.watch(conn);
+        let ingest = name == "ingest";
+        let watcher = graceful.watcher();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            if let Err(err) = conn.await {
+            let service = TowerToHyperService::new(service);
+            let http = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .keep_alive(true)
+                .to_owned();
+            let ended = match tls {
+                None => {
+                    let conn = Connection { stream, ingest };
+                    watcher
+                        .watch(http.serve_connection(TokioIo::new(conn), service))
+                        .await
+                }
+                Some(tls) => {
+                    let handshake = tls.acceptor().accept(stream);
+                    let stream = match tokio::time::timeout(header_timeout, handshake).await {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(err)) => return refused(name, peer, &err.to_string()),
+                        Err(_) => {
+                            return refused(name, peer, "no handshake within the header timeout")
+                        }
+                    };
+                    let conn = Connection { stream, ingest };
+                    watcher
+                        .watch(http.serve_connection(TokioIo::new(conn), service))
+                        .await
+                }
+            };
+            if let Err(err) = ended {
                 tracing::debug!(%err, %peer, "connection ended with an error");
             }
         });
@@ -81,16 +106,26 @@ pub(crate) async fn serve(
     }
 }
 
+/// A TLS handshake that did not complete (plain HTTP on the TLS port, a client that distrusts
+/// the certificate, a scanner, a client that sent nothing): logged at debug and counted
+/// (`hooklatch_tls_handshake_failures_total{listener}`); there is no request to answer or
+/// record.
+fn refused(listener: &'static str, peer: SocketAddr, why: &str) {
+    tracing::debug!(%peer, listener, why, "TLS handshake failed");
+    metrics::counter!("hooklatch_tls_handshake_failures_total", "listener" => listener)
+        .increment(1);
+}
+
 /// A served connection: reads and writes pass through to its stream. On the ingest listener,
 /// with the `mid_response_write` crash point armed (test builds only; otherwise the check
 /// compiles to nothing), a 2xx answer's status line is sent alone and the process aborts: the
 /// provider hears a cut answer, never a whole 2xx, after the request was committed.
-struct Connection {
-    stream: TcpStream,
+struct Connection<S> {
+    stream: S,
     ingest: bool,
 }
 
-impl Connection {
+impl<S: AsyncWrite + Unpin> Connection<S> {
     fn cut_here(&self, head: &[u8]) -> bool {
         self.ingest && head.starts_with(b"HTTP/1.1 2") && crash::armed(crash::MID_RESPONSE_WRITE)
     }
@@ -103,7 +138,7 @@ impl Connection {
     }
 }
 
-impl AsyncRead for Connection {
+impl<S: AsyncRead + Unpin> AsyncRead for Connection<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -113,7 +148,7 @@ impl AsyncRead for Connection {
     }
 }
 
-impl AsyncWrite for Connection {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Connection<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

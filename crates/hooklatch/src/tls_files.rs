@@ -30,6 +30,12 @@ pub fn check_ca_pem(pem: &str) -> Result<usize, String> {
 /// Checks a client identity: a PEM certificate, a PEM private key, and the key is the
 /// certificate's. Errors name what is wrong, never the key.
 pub fn check_client_identity(identity: &ClientIdentity) -> Result<(), String> {
+    certified_key(identity).map(drop)
+}
+
+/// A certificate chain and its key as rustls serves them, checked as
+/// [`check_client_identity`] says.
+pub fn certified_key(identity: &ClientIdentity) -> Result<CertifiedKey, String> {
     let certs = CertificateDer::pem_slice_iter(identity.cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("the certificate is not PEM: {e}"))?;
@@ -40,7 +46,6 @@ pub fn check_client_identity(identity: &ClientIdentity) -> Result<(), String> {
         "the key holds no PEM private key (PKCS #8, PKCS #1 or SEC1, unencrypted)".to_owned()
     })?;
     CertifiedKey::from_der(certs, key, &default_provider())
-        .map(drop)
         .map_err(|e| format!("the key cannot be used with the certificate: {e}"))
 }
 

@@ -23,6 +23,7 @@ mod forgery;
 mod gone;
 mod hangups;
 mod hygiene;
+mod ingest_tls;
 mod inspector;
 mod listen;
 mod outbound;

@@ -414,6 +414,8 @@ pub struct Options {
     pub log_format: &'static str,
     /// More `[store]` lines (`history_retention = "1s"`).
     pub store_config: &'static str,
+    /// More `[server]` lines (`tls_cert = "…"`).
+    pub server_config: String,
 }
 
 impl Default for Options {
@@ -436,6 +438,7 @@ impl Default for Options {
             deliver: true,
             log_format: "human",
             store_config: "",
+            server_config: String::new(),
         }
     }
 }
@@ -752,6 +755,7 @@ body_timeout = "{body_timeout}"
 shutdown_grace = "5s"
 log_format = "{log_format}"
 {body_limit}
+{server_config}
 [store]
 url = "{store_url}"
 {store_config}
@@ -791,6 +795,7 @@ jitter = {jitter:?}
             body_timeout = o.body_timeout,
             log_format = o.log_format,
             store_config = o.store_config,
+            server_config = o.server_config,
             destination_secret = o
                 .destination_secret
                 .map(|s| format!("secret = \"{s}\""))

@@ -1,0 +1,192 @@
+//! TLS on the public listener (`[server] tls_cert`, `tls_key`) with a real `hooklatch serve`:
+//! a provider's signed event over HTTPS is accepted, then a duplicate, and delivered; plain
+//! HTTP on the TLS port and a client that never starts its handshake get nothing and are
+//! counted; a renewed certificate is served after `SIGHUP` without a restart, and a renewal
+//! whose files do not load leaves the certificate in use serving.
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use hooklatch_testkit::tls::{Issued, TestCa};
+
+use crate::support::{
+    eventually, stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway,
+    Handler, Options,
+};
+
+/// Writes `issued`'s certificate and key where the gateway's configuration points.
+fn install(dir: &Path, issued: &Issued) {
+    std::fs::write(dir.join("cert.pem"), issued.cert_pem()).expect("writing the certificate");
+    std::fs::write(dir.join("key.pem"), issued.key_pem()).expect("writing the key");
+}
+
+/// An HTTPS client trusting `ca` only, reaching `localhost` at `addr`.
+fn trusting(ca: &TestCa, addr: SocketAddr) -> reqwest::Client {
+    reqwest::Client::builder()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).expect("PEM"))
+        .resolve("localhost", addr)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("an HTTPS client")
+}
+
+/// Posts `body` as a signed Stripe event over `client`; the status and the JSON's `status`.
+async fn post(client: &reqwest::Client, port: u16, body: &[u8]) -> reqwest::Result<(u16, String)> {
+    let mut req = client
+        .post(format!("https://localhost:{port}/in/stripe"))
+        .body(body.to_vec());
+    for (name, value) in stripe_headers(body) {
+        req = req.header(name, value);
+    }
+    let res = req.send().await?;
+    let status = res.status().as_u16();
+    let json: serde_json::Value = res.json().await?;
+    Ok((status, json["status"].as_str().unwrap_or("").to_owned()))
+}
+
+/// The value of the metric line starting with `prefix`, or 0.
+fn metric(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_public_listener_serves_tls_and_a_renewed_certificate_after_sighup() {
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let first = TestCa::new("first CA");
+    install(dir.path(), &first.server(&["localhost"]));
+    let gw = Gateway::start_with(
+        &app,
+        Options {
+            server_config: format!(
+                "tls_cert = \"{}\"\ntls_key = \"file:{}\"",
+                dir.path().join("cert.pem").display(),
+                dir.path().join("key.pem").display()
+            ),
+            header_timeout: "1s",
+            ..Options::default()
+        },
+    )
+    .await;
+    let addr = gw.ingest().addr();
+    let port = addr.port();
+
+    // A provider's event over HTTPS: accepted, then a duplicate; delivered once.
+    let event = unique("evt_tls_ingest");
+    let body = stripe_invoice_paid(&event, 1200);
+    let client = trusting(&first, addr);
+    let first_post = post(&client, port, &body).await.expect("HTTPS");
+    let second_post = post(&client, port, &body).await.expect("HTTPS");
+    assert_eq!(
+        [first_post, second_post],
+        [(200, "accepted".to_owned()), (200, "duplicate".to_owned())]
+    );
+    wait_until("delivered once", || {
+        app.count_for(&format!("stripe:{event}")) == 1
+    })
+    .await;
+
+    // Plain HTTP on the TLS port gets no answer, and is counted.
+    let plain = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{port}/in/stripe"))
+        .body(body.clone())
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await;
+    assert!(plain.is_err(), "plain HTTP on the TLS port: {plain:?}");
+
+    // A client that connects and never starts its handshake is closed after the header
+    // timeout (1 s), not kept.
+    let silent = tokio::task::spawn_blocking(move || {
+        let mut stream = std::net::TcpStream::connect(addr).expect("connecting");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("a read timeout");
+        let mut buf = [0u8; 16];
+        stream.read(&mut buf)
+    })
+    .await
+    .expect("the silent client's thread");
+    assert!(
+        matches!(silent, Ok(0)),
+        "the server closed the silent connection: {silent:?}"
+    );
+    eventually("both refusals counted", async || {
+        metric(
+            &gw.metrics().await,
+            "hooklatch_tls_handshake_failures_total{listener=\"ingest\"}",
+        ) >= 2.0
+    })
+    .await;
+
+    // Renewal: new files, SIGHUP, and the next handshake presents the new certificate.
+    let second = TestCa::new("second CA");
+    install(dir.path(), &second.server(&["localhost"]));
+    hangup(gw.pid());
+    let renewed = trusting(&second, addr);
+    eventually("the renewed certificate is served", async || {
+        renewed
+            .get(format!("https://localhost:{port}/healthz"))
+            .send()
+            .await
+            .is_ok()
+    })
+    .await;
+    let fresh = trusting(&first, addr);
+    assert!(
+        post(&fresh, port, &body).await.is_err(),
+        "the old certificate is no longer served"
+    );
+    let event = unique("evt_tls_renewed");
+    let body = stripe_invoice_paid(&event, 1300);
+    assert_eq!(
+        post(&renewed, port, &body).await.expect("HTTPS"),
+        (200, "accepted".to_owned())
+    );
+
+    // A renewal whose files do not load: the certificate in use stays, and the log says why.
+    std::fs::write(dir.path().join("cert.pem"), "not a certificate").expect("writing");
+    hangup(gw.pid());
+    eventually("the failed reload is counted", async || {
+        metric(
+            &gw.metrics().await,
+            "hooklatch_tls_reloads_total{result=\"error\"}",
+        ) >= 1.0
+    })
+    .await;
+    assert!(
+        gw.log().contains("TLS certificate not reloaded"),
+        "{}",
+        gw.log()
+    );
+    let again = trusting(&second, addr);
+    let event = unique("evt_tls_kept");
+    let body = stripe_invoice_paid(&event, 1400);
+    assert_eq!(
+        post(&again, port, &body).await.expect("HTTPS"),
+        (200, "accepted".to_owned())
+    );
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric(&metrics, "hooklatch_tls_reloads_total{result=\"ok\"}"),
+        1.0,
+        "{metrics}"
+    );
+}
+
+/// Sends `SIGHUP` to `pid`.
+fn hangup(pid: u32) {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("running kill");
+    assert!(status.success(), "kill -HUP {pid}");
+}

@@ -1,0 +1,109 @@
+//! TLS on the public listener (`[server] tls_cert`, `tls_key`): rustls on ring, HTTP/1.1 by
+//! ALPN, TLS 1.2 and 1.3. The certificate is held behind a lock and read again from its files
+//! on `SIGHUP`, so a renewal (certbot's deploy hook, `kill -HUP`) takes effect for the next
+//! handshake without a restart or a dropped connection; files that do not load leave the
+//! certificate in use as it was, and say why.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::ServerTls;
+use hooklatch_core::tls::ClientIdentity;
+
+/// The certificate every handshake gets, replaced whole on reload.
+#[derive(Debug)]
+struct CurrentCert(RwLock<Arc<CertifiedKey>>);
+
+impl ResolvesServerCert for CurrentCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.0
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+        )
+    }
+}
+
+/// A listener's TLS: the acceptor and where its certificate comes from.
+pub(crate) struct ListenerTls {
+    settings: ServerTls,
+    current: Arc<CurrentCert>,
+    acceptor: TlsAcceptor,
+}
+
+impl ListenerTls {
+    /// Reads the certificate and key (the process environment for an `env:` key).
+    pub(crate) fn new(settings: ServerTls) -> anyhow::Result<ListenerTls> {
+        let current = Arc::new(CurrentCert(RwLock::new(Arc::new(load(&settings)?))));
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_cert_resolver(current.clone());
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(ListenerTls {
+            settings,
+            current,
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+        })
+    }
+
+    /// The acceptor, for each accepted connection.
+    pub(crate) fn acceptor(&self) -> &TlsAcceptor {
+        &self.acceptor
+    }
+
+    /// Reads the files again and, if they load, serves them from the next handshake on.
+    pub(crate) fn reload(&self) -> anyhow::Result<()> {
+        let fresh = Arc::new(load(&self.settings)?);
+        *self
+            .current
+            .0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+        Ok(())
+    }
+
+    /// Reloads on every `SIGHUP` until the process ends, logging and counting each outcome
+    /// (`hooklatch_tls_reloads_total{result}`).
+    pub(crate) fn reload_on_sighup(self: Arc<Self>) -> anyhow::Result<()> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangups = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                let result = match self.reload() {
+                    Ok(()) => {
+                        tracing::info!(
+                            cert_file = %self.settings.cert_file.display(),
+                            "TLS certificate reloaded"
+                        );
+                        "ok"
+                    }
+                    Err(err) => {
+                        tracing::error!(
+                            error = %format!("{err:#}"),
+                            "TLS certificate not reloaded; the one in use stays"
+                        );
+                        "error"
+                    }
+                };
+                metrics::counter!("hooklatch_tls_reloads_total", "result" => result).increment(1);
+            }
+        });
+        Ok(())
+    }
+}
+
+/// The certificate and key `settings` name, as rustls serves them.
+fn load(settings: &ServerTls) -> anyhow::Result<CertifiedKey> {
+    let env: HashMap<String, String> = std::env::vars().collect();
+    let (cert_pem, key_pem) = settings.read(&env)?;
+    crate::tls_files::certified_key(&ClientIdentity { cert_pem, key_pem })
+        .map_err(|e| anyhow::anyhow!("server.tls_cert: {e}"))
+}
