@@ -30,6 +30,11 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "hooklatch", version, propagate_version = true)]
 struct Cli {
+    /// CA certificates (PEM) to trust besides the built-in roots when this command connects
+    /// over HTTPS: to a gateway, its admin API, or a local app on a private CA's certificate.
+    /// The gateway's own deliveries use each destination's ca_file instead.
+    #[arg(long, global = true, value_name = "FILE", env = "HOOKLATCH_CA_FILE")]
+    ca_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -752,6 +757,9 @@ enum Outcome {
 
 fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let env: HashMap<String, String> = std::env::vars().collect();
+    if let Some(path) = &cli.ca_file {
+        hooklatch::trust::trust_ca_file(path)?;
+    }
     match cli.command {
         Command::Serve {
             config,
@@ -1008,7 +1016,7 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let (status, verdict, body) = runtime
         .block_on(async {
-            let client = reqwest::Client::builder()
+            let client = hooklatch::trust::client_builder()
                 .redirect(reqwest::redirect::Policy::none())
                 .timeout(std::time::Duration::from_secs(30))
                 .build()?;

@@ -77,7 +77,7 @@ pub struct AdminClient {
 impl AdminClient {
     /// A client for the admin API at `base` (`http://127.0.0.1:8081`), with its bearer token.
     pub fn new(base: &str, token: Option<Secret>) -> AdminClient {
-        let client = reqwest::Client::builder()
+        let client = crate::trust::client_builder()
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .timeout(Duration::from_secs(30))

@@ -479,7 +479,7 @@ fn histogram() -> Histogram<u64> {
 
 /// An HTTP client for loopback load: no proxy, no redirects, a large idle pool.
 pub fn client(timeout: Duration) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
+    Ok(crate::trust::client_builder()
         .no_proxy()
         .redirect(reqwest::redirect::Policy::none())
         .timeout(timeout)

@@ -39,6 +39,7 @@ mod outbound;
 pub mod replay;
 mod server;
 mod tls_files;
+pub mod trust;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

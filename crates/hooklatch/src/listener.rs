@@ -120,13 +120,13 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let stream_url = endpoint(&options.gateway, &options.destination, false)?;
     let results_url = endpoint(&options.gateway, &options.destination, true)?;
-    let gateway = reqwest::Client::builder()
+    let gateway = crate::trust::client_builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(10))
         .user_agent(concat!("hooklatch-listen/", env!("CARGO_PKG_VERSION")))
         .build()
         .context("building the HTTP client")?;
-    let local = reqwest::Client::builder()
+    let local = crate::trust::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .user_agent(concat!("hooklatch/", env!("CARGO_PKG_VERSION")))

@@ -538,7 +538,7 @@ pub(crate) async fn send_many(
 
 /// The client replays use: no redirects followed, no proxy from the environment.
 pub(crate) fn http_client(timeout: Duration) -> reqwest::Client {
-    reqwest::Client::builder()
+    crate::trust::client_builder()
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .timeout(timeout)

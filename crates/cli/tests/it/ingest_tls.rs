@@ -13,7 +13,7 @@ use hooklatch_testkit::tls::{Issued, TestCa};
 
 use crate::support::{
     eventually, stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway,
-    Handler, Options,
+    Handler, Options, STRIPE_SECRET,
 };
 
 /// Writes `issued`'s certificate and key where the gateway's configuration points.
@@ -126,6 +126,44 @@ async fn the_public_listener_serves_tls_and_a_renewed_certificate_after_sighup()
         ) >= 2.0
     })
     .await;
+
+    // The command-line clients: `hooklatch send` to the HTTPS listener fails on the private
+    // CA's certificate, and succeeds trusting it with `--ca-file`.
+    std::fs::write(dir.path().join("first-ca.pem"), first.pem()).expect("writing the CA");
+    let send = |ca_file: Option<&Path>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"));
+        if let Some(path) = ca_file {
+            cmd.arg("--ca-file").arg(path);
+        }
+        cmd.args([
+            "send",
+            "stripe",
+            "--id",
+            "evt_tls_cli",
+            "--secret",
+            STRIPE_SECRET,
+        ])
+        .arg("--to")
+        .arg(format!("https://localhost:{port}/in/stripe"))
+        .env_remove("HOOKLATCH_CA_FILE")
+        .output()
+        .expect("running hooklatch send")
+    };
+    let refused = send(None);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("UnknownIssuer") || stderr.contains("certificate"),
+        "{stderr}"
+    );
+    let sent = send(Some(&dir.path().join("first-ca.pem")));
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&sent.stdout),
+        String::from_utf8_lossy(&sent.stderr)
+    );
+    assert!(sent.status.success(), "{out}");
+    assert!(out.contains("accepted"), "{out}");
 
     // Renewal: new files, SIGHUP, and the next handshake presents the new certificate.
     let second = TestCa::new("second CA");
