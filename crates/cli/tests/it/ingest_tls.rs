@@ -2,7 +2,8 @@
 //! a provider's signed event over HTTPS is accepted, then a duplicate, and delivered; plain
 //! HTTP on the TLS port and a client that never starts its handshake get nothing and are
 //! counted; a renewed certificate is served after `SIGHUP` without a restart, and a renewal
-//! whose files do not load leaves the certificate in use serving.
+//! whose files do not load leaves the certificate in use serving; `hooklatch send` and
+//! `hooklatch listen` reach it with `--ca-file`.
 
 use std::io::Read;
 use std::net::SocketAddr;
@@ -20,6 +21,15 @@ use crate::support::{
 fn install(dir: &Path, issued: &Issued) {
     std::fs::write(dir.join("cert.pem"), issued.cert_pem()).expect("writing the certificate");
     std::fs::write(dir.join("key.pem"), issued.key_pem()).expect("writing the key");
+}
+
+/// The `[server]` lines serving what [`install`] wrote in `dir`.
+fn tls_lines(dir: &Path) -> String {
+    format!(
+        "tls_cert = \"{}\"\ntls_key = \"file:{}\"",
+        dir.join("cert.pem").display(),
+        dir.join("key.pem").display()
+    )
 }
 
 /// An HTTPS client trusting `ca` only, reaching `localhost` at `addr`.
@@ -66,11 +76,7 @@ async fn the_public_listener_serves_tls_and_a_renewed_certificate_after_sighup()
     let gw = Gateway::start_with(
         &app,
         Options {
-            server_config: format!(
-                "tls_cert = \"{}\"\ntls_key = \"file:{}\"",
-                dir.path().join("cert.pem").display(),
-                dir.path().join("key.pem").display()
-            ),
+            server_config: tls_lines(dir.path()),
             header_timeout: "1s",
             ..Options::default()
         },
@@ -227,4 +233,69 @@ fn hangup(pid: u32) {
         .status()
         .expect("running kill");
     assert!(status.success(), "kill -HUP {pid}");
+}
+
+/// `hooklatch listen` to a gateway serving HTTPS on a private CA's certificate: refused
+/// without `--ca-file` (it says why and keeps trying), connected with it, and an event sent
+/// over HTTPS reaches the laptop's app once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listen_connects_to_an_https_gateway_trusting_its_ca() {
+    use crate::listen::{options, Listener, LISTEN_TOKEN};
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let laptop = Handler::start(Behaviour::AlwaysOk).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = TestCa::new("gateway CA");
+    install(dir.path(), &ca.server(&["localhost"]));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("writing the CA");
+    let gw = Gateway::start_with(
+        &app,
+        Options {
+            server_config: tls_lines(dir.path()),
+            ..options(3)
+        },
+    )
+    .await;
+    let addr = gw.ingest().addr();
+    let gateway = format!("https://localhost:{}", addr.port());
+
+    let untrusting = Listener::start_at(&gateway, &[], LISTEN_TOKEN, &laptop.url());
+    eventually("the listener says why it cannot connect", async || {
+        untrusting.output().contains("certificate")
+    })
+    .await;
+    drop(untrusting);
+
+    let ca_arg = ca_file.display().to_string();
+    let listener = Listener::start_at(
+        &gateway,
+        &["--ca-file", &ca_arg],
+        LISTEN_TOKEN,
+        &laptop.url(),
+    );
+    let event = unique("evt_listen_tls");
+    let body = stripe_invoice_paid(&event, 900);
+    let client = trusting(&ca, addr);
+    eventually(
+        "the event is accepted once the listener is connected",
+        async || {
+            let mut req = client
+                .post(format!("https://localhost:{}/in/dev", addr.port()))
+                .body(body.clone());
+            for (name, value) in stripe_headers(&body) {
+                req = req.header(name, value);
+            }
+            req.send().await.is_ok_and(|r| r.status() == 200)
+        },
+    )
+    .await;
+    wait_until("the laptop's app got the event", || {
+        laptop.count_for(&format!("dev:{event}")) == 1
+    })
+    .await;
+    assert!(
+        !listener.output().contains("certificate"),
+        "{}",
+        listener.output()
+    );
 }

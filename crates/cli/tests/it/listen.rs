@@ -24,11 +24,11 @@ use crate::support::{
     Gateway, Handler, KillAfterWork, Options,
 };
 
-const LISTEN_TOKEN: &str = "e2e-listen-token-0123456789abcdef";
+pub(crate) const LISTEN_TOKEN: &str = "e2e-listen-token-0123456789abcdef";
 const LAPTOP_SECRET: &str = "whsec_ZTJlIGxpc3RlbiBkZXN0aW5hdGlvbiBzZWNyZXQ=";
 
 /// A gateway whose source `dev` (Stripe) delivers to the listen destination `laptop`.
-fn options(max_attempts: u32) -> Options {
+pub(crate) fn options(max_attempts: u32) -> Options {
     Options {
         extra_config: format!(
             r#"
@@ -54,7 +54,7 @@ max_backoff = "300ms"
 }
 
 /// A `hooklatch listen laptop` process; killed when dropped.
-struct Listener {
+pub(crate) struct Listener {
     child: Child,
     out: PathBuf,
     _dir: tempfile::TempDir,
@@ -62,12 +62,27 @@ struct Listener {
 
 impl Listener {
     fn start(gw: &Gateway, token: &str, forward_to: &str) -> Listener {
+        Listener::start_at(
+            &format!("http://{}", gw.ingest().addr()),
+            &[],
+            token,
+            forward_to,
+        )
+    }
+
+    /// `hooklatch [global…] listen laptop --gateway {gateway} …`.
+    pub(crate) fn start_at(
+        gateway: &str,
+        global: &[&str],
+        token: &str,
+        forward_to: &str,
+    ) -> Listener {
         let dir = tempfile::tempdir().expect("a temp dir");
         let out = dir.path().join("listen.out");
         let file = std::fs::File::create(&out).expect("creating the output file");
         let child = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
-            .args(["listen", "laptop", "--gateway"])
-            .arg(format!("http://{}", gw.ingest().addr()))
+            .args(global)
+            .args(["listen", "laptop", "--gateway", gateway])
             .args([
                 "--forward-to",
                 forward_to,
@@ -89,7 +104,7 @@ impl Listener {
         }
     }
 
-    fn output(&self) -> String {
+    pub(crate) fn output(&self) -> String {
         std::fs::read_to_string(&self.out).unwrap_or_default()
     }
 
