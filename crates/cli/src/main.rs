@@ -460,8 +460,8 @@ Exit status: 0 when enabled, 1 when it was not disabled, 2 when the gateway coul
 /// Where history comes from: a running gateway's admin API.
 #[derive(Debug, clap::Args)]
 struct AdminArgs {
-    /// The gateway's admin API (default: the config's server.admin_listen, else
-    /// http://127.0.0.1:8081).
+    /// The gateway's admin API (default: the config's server.admin_listen, https:// with
+    /// server.admin_tls, else http://127.0.0.1:8081).
     #[arg(long, value_name = "URL")]
     admin: Option<String>,
     /// The admin token (default: the config's server.admin_token).
@@ -1090,7 +1090,8 @@ fn admin_client(args: &AdminArgs, settings: Option<&Settings>) -> AdminClient {
             if addr.ip().is_unspecified() {
                 addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
             }
-            format!("http://{addr}")
+            let scheme = if s.admin_tls { "https" } else { "http" };
+            format!("{scheme}://{addr}")
         }
         (None, None) => DEFAULT_ADMIN_URL.to_owned(),
     };

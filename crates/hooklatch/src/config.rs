@@ -60,6 +60,8 @@ pub struct Settings {
     pub workers: Option<usize>,
     /// TLS on the public listener (`tls_cert`, `tls_key`); `None` serves plain HTTP.
     pub tls: Option<ServerTls>,
+    /// `admin_tls`: the admin listener serves TLS too, with the same certificate.
+    pub admin_tls: bool,
     /// The store.
     pub store: StoreSettings,
     /// Worker settings.
@@ -384,6 +386,7 @@ struct RawServer {
     workers: Value,
     tls_cert: Option<String>,
     tls_key: Option<String>,
+    admin_tls: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1169,6 +1172,15 @@ fn resolve(
         log_format,
         workers: workers("server.workers", &s.workers)?,
         tls: server_tls(s, env, base_dir)?,
+        admin_tls: match s.admin_tls {
+            Some(true) if s.tls_cert.is_none() => {
+                return Err(err(
+                    "server.admin_tls",
+                    "needs server.tls_cert and server.tls_key (the admin listener serves the same certificate)",
+                ))
+            }
+            on => on.unwrap_or(false),
+        },
         store,
         delivery: DeliverySettings {
             enabled: d.enabled,
@@ -2401,7 +2413,13 @@ tolerance = "30s"
             std::fs::write(&path, toml).unwrap();
             load(Some(&path), &e)
         };
-        assert!(load_in_dir("").unwrap().tls.is_none());
+        let plain = load_in_dir("").unwrap();
+        assert!(plain.tls.is_none() && !plain.admin_tls);
+        let both = load_in_dir(
+            "tls_cert = \"fullchain.pem\"\ntls_key = \"file:privkey.pem\"\nadmin_tls = true",
+        )
+        .unwrap();
+        assert!(both.tls.is_some() && both.admin_tls);
         let tls = load_in_dir("tls_cert = \"fullchain.pem\"\ntls_key = \"file:privkey.pem\"")
             .unwrap()
             .tls
@@ -2428,6 +2446,10 @@ tolerance = "30s"
             (
                 "tls_cert = \"missing.pem\"\ntls_key = \"file:privkey.pem\"",
                 "server.tls_cert: reading ",
+            ),
+            (
+                "admin_tls = true",
+                "server.admin_tls: needs server.tls_cert and server.tls_key",
             ),
         ] {
             let msg = load_in_dir(lines).unwrap_err().to_string();

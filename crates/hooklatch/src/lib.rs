@@ -394,7 +394,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         ingest_listener,
         ingest,
         settings.header_timeout,
-        ingest_tls,
+        ingest_tls.clone(),
         stop_serving.clone(),
         grace,
     ));
@@ -403,7 +403,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         admin_listener,
         admin,
         settings.header_timeout,
-        None,
+        ingest_tls.clone().filter(|_| settings.admin_tls),
         stop_serving.clone(),
         grace,
     ));
@@ -483,6 +483,7 @@ fn log_effective_config(settings: &Settings) {
         listen = %settings.listen,
         tls = ?settings.tls.as_ref().map(|t| t.cert_file.display().to_string()),
         admin_listen = %settings.admin_listen,
+        admin_tls = settings.admin_tls,
         %store,
         body_limit = settings.body_limit,
         "configuration"

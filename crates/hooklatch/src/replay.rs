@@ -731,7 +731,7 @@ pub(crate) fn response_json(r: &Response) -> Value {
 }
 
 /// The gateway's base URL from its config's `server.listen` (an unspecified address becomes
-/// loopback), else `http://127.0.0.1:8080`.
+/// loopback; `https://` with `tls_cert`), else `http://127.0.0.1:8080`.
 pub fn gateway_base(settings: Option<&Settings>) -> String {
     match settings {
         Some(s) => {
@@ -739,7 +739,8 @@ pub fn gateway_base(settings: Option<&Settings>) -> String {
             if addr.ip().is_unspecified() {
                 addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
             }
-            format!("http://{addr}")
+            let scheme = if s.tls.is_some() { "https" } else { "http" };
+            format!("{scheme}://{addr}")
         }
         None => "http://127.0.0.1:8080".to_owned(),
     }

@@ -299,3 +299,98 @@ async fn listen_connects_to_an_https_gateway_trusting_its_ca() {
         listener.output()
     );
 }
+
+/// `admin_tls = true`: the admin listener serves the same certificate; the admin verbs reach
+/// it over HTTPS with `--ca-file` (the default admin URL from the configuration is
+/// `https://`), and plain HTTP there gets no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_serves_tls_when_asked_and_the_admin_verbs_reach_it() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = TestCa::new("admin CA");
+    install(dir.path(), &ca.server(&["localhost", "127.0.0.1"]));
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, ca.pem()).expect("writing the CA");
+    let (ingest, admin) = (crate::support::free_port(), crate::support::free_port());
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"[server]
+listen = "127.0.0.1:{ingest}"
+admin_listen = "127.0.0.1:{admin}"
+admin_token = "a-token-long-enough-for-the-admin-api"
+admin_tls = true
+{tls}
+
+[store]
+url = "sqlite://{db}"
+"#,
+            tls = tls_lines(dir.path()),
+            db = dir.path().join("hooklatch.db").display()
+        ),
+    )
+    .expect("writing the config");
+    let _serve = KilledOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting hooklatch serve"),
+    );
+    let admin_verb = |ca: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"));
+        if ca {
+            cmd.arg("--ca-file").arg(&ca_file);
+        }
+        cmd.args(["destinations", "list", "--config"])
+            .arg(&config)
+            .env_remove("HOOKLATCH_CA_FILE")
+            .output()
+            .expect("running hooklatch destinations list")
+    };
+    eventually("the admin API answers over HTTPS", async || {
+        admin_verb(true).status.success()
+    })
+    .await;
+    let untrusted = admin_verb(false);
+    assert_eq!(untrusted.status.code(), Some(2));
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{admin}/healthz"))
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await;
+    assert!(
+        plain.is_err(),
+        "plain HTTP on the admin TLS port: {plain:?}"
+    );
+    let https = trusting(
+        &ca,
+        format!("127.0.0.1:{admin}").parse().expect("an address"),
+    );
+    eventually("the refused plain request is counted", async || {
+        let Ok(res) = https
+            .get(format!("https://localhost:{admin}/metrics"))
+            .bearer_auth("a-token-long-enough-for-the-admin-api")
+            .send()
+            .await
+        else {
+            return false;
+        };
+        res.text().await.is_ok_and(|metrics| {
+            metrics.contains("hooklatch_tls_handshake_failures_total{listener=\"admin\"}")
+        })
+    })
+    .await;
+}
+
+/// A child process killed (and reaped) when dropped, however the test ends.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
