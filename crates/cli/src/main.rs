@@ -50,8 +50,15 @@ Examples:
   # Override any setting from the environment (SECTION__KEY):
   HOOKLATCH_SERVER__LISTEN=0.0.0.0:8080 hooklatch serve --config hooklatch.toml
 
+  # HTTPS on the public listener, the certificate read again after a renewal:
+  HOOKLATCH_SERVER__TLS_CERT=/etc/letsencrypt/live/hooks.example.com/fullchain.pem \\
+  HOOKLATCH_SERVER__TLS_KEY=file:/etc/letsencrypt/live/hooks.example.com/privkey.pem \\
+  hooklatch serve --config hooklatch.toml
+  kill -HUP \"$(pgrep -x hooklatch)\"
+
 Logs go to stderr; RUST_LOG sets the level (default info). Stop with ctrl-c or SIGTERM:
-requests in flight finish, deliveries in flight finish or are handed back.")]
+requests in flight finish, deliveries in flight finish or are handed back. With
+server.tls_cert, SIGHUP reads the certificate and key again.")]
     Serve {
         /// The TOML configuration file (defaults apply without one).
         #[arg(short, long, value_name = "FILE")]
