@@ -505,6 +505,76 @@ async fn unsafe_durability_stops_serve_unless_allowed_and_then_warns_and_sets_th
     db.drop_now().await;
 }
 
+/// PostgreSQL over verified TLS: the store URL's `sslmode=verify-full` with `sslrootcert` set
+/// to the server's own certificate (as a private CA's would be) serves, and the gateway's
+/// connections are encrypted (`pg_stat_ssl`); the same URL trusting another CA stops `serve`
+/// at start, saying why. Skips (saying so) when the server has no TLS or its certificate file
+/// cannot be read, which the machines this runs on do not do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_verified_tls_serves_and_another_ca_stops_the_start() {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let mut conn = sqlx::PgConnection::connect(&db.url())
+        .await
+        .expect("connecting to the test database");
+    let show = async |conn: &mut sqlx::PgConnection, what: &str| -> String {
+        sqlx::query_scalar(&format!("SHOW {what}"))
+            .fetch_one(conn)
+            .await
+            .expect("SHOW")
+    };
+    let (ssl, cert) = (
+        show(&mut conn, "ssl").await,
+        show(&mut conn, "ssl_cert_file").await,
+    );
+    let cert_readable = std::path::Path::new(&cert).is_absolute()
+        && std::fs::read_to_string(&cert).is_ok_and(|pem| pem.contains("BEGIN CERTIFICATE"));
+    if ssl != "on" || !cert_readable {
+        println!("skipped: the PostgreSQL server has no TLS (ssl = {ssl}) or its certificate {cert:?} cannot be read");
+        let _ = conn.close().await;
+        db.drop_now().await;
+        return;
+    }
+    // By the name the certificate holds (Debian's own names `localhost`): the driver checks
+    // it even under `verify-ca` (README, "Several instances on PostgreSQL").
+    let by_name = db.url().replacen("@127.0.0.1:", "@localhost:", 1);
+    let verified = |root: &str| format!("{by_name}?sslmode=verify-full&sslrootcert={root}");
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(verified(&cert)),
+            ..Options::default()
+        },
+    )
+    .await;
+    let key = gw.send_stripe_event("stripe", "evt_pg_tls").await;
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    let encrypted: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
+         WHERE a.datname = $1 AND s.ssl AND a.pid <> pg_backend_pid()",
+    )
+    .bind(db.name())
+    .fetch_one(&mut conn)
+    .await
+    .expect("pg_stat_ssl");
+    assert!(encrypted > 0, "the gateway's connections use TLS");
+    let _ = conn.close().await;
+
+    let other = hooklatch_testkit::tls::TestCa::new("not the database's CA");
+    let other_file = tempfile::NamedTempFile::new().expect("a temp file");
+    std::fs::write(other_file.path(), other.pem()).expect("writing the CA");
+    let other_root = other_file.path().display().to_string();
+    gw.reconfigure(|o| o.store_url = Some(verified(&other_root)));
+    let (status, output) = gw.serve_beside().await;
+    let status = status.expect("serve exits by itself");
+    assert!(!status.success(), "{output}");
+    assert!(output.contains("certificate"), "{output}");
+    drop(gw);
+    db.drop_now().await;
+}
+
 /// T3, an outage: PostgreSQL cut off by a fault proxy between the gateway and the server,
 /// which closes every connection and refuses new ones (`down`) or resets them
 /// (`reset_peer`). A new event is answered 503 `store_unavailable` with `Retry-After`, never

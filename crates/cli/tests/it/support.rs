@@ -1128,10 +1128,11 @@ jitter = {jitter:?}
         }
     }
 
-    /// Starts a second `hooklatch serve` with this gateway's config and store, on ports of its
-    /// own, and waits (bounded) for it to exit: its exit status (`None`: still running at the
-    /// deadline, then killed) and its output.
+    /// Starts a second `hooklatch serve` with this gateway's config (as [`Gateway::reconfigure`]
+    /// left its options) and store, on ports of its own, and waits (bounded) for it to exit:
+    /// its exit status (`None`: still running at the deadline, then killed) and its output.
     pub async fn serve_beside(&self) -> (Option<ExitStatus>, String) {
+        self.write_config();
         let config = std::fs::read_to_string(self.config_path()).expect("reading the config");
         let config = config
             .replace(
