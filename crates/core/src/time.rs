@@ -54,23 +54,27 @@ impl Timestamp {
     }
 }
 
+/// The proleptic Gregorian date (year, month, day) `days` after 1970-01-01 (Howard Hinnant's
+/// algorithm).
+pub fn civil_date(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
 impl Timestamp {
     /// RFC 3339 in UTC with milliseconds (`2026-12-02T13:04:05.123Z`), for people and JSON.
     pub fn to_rfc3339(self) -> String {
         let secs = self.0.div_euclid(1000);
         let millis = self.0.rem_euclid(1000);
-        let days = secs.div_euclid(86_400);
         let sod = secs.rem_euclid(86_400);
-        // Civil date from days since the epoch (Howard Hinnant's algorithm).
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z - era * 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let day = doy - (153 * mp + 2) / 5 + 1;
-        let month = if mp < 10 { mp + 3 } else { mp - 9 };
-        let year = yoe + era * 400 + i64::from(month <= 2);
+        let (year, month, day) = civil_date(secs.div_euclid(86_400));
         format!(
             "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{millis:03}Z",
             sod / 3600,
@@ -95,5 +99,14 @@ mod tests {
             Timestamp(1_709_251_200_000).to_rfc3339(),
             "2024-03-01T00:00:00.000Z"
         );
+    }
+
+    #[test]
+    fn civil_dates_from_day_numbers() {
+        assert_eq!(civil_date(0), (1970, 1, 1));
+        assert_eq!(civil_date(59), (1970, 3, 1));
+        assert_eq!(civil_date(11_016), (2000, 2, 29));
+        assert_eq!(civil_date(20_793), (2026, 12, 6));
+        assert_eq!(civil_date(-1), (1969, 12, 31));
     }
 }

@@ -2,7 +2,10 @@
 //! ALPN, TLS 1.2 and 1.3. The certificate is held behind a lock and read again from its files
 //! on `SIGHUP`, so a renewal (certbot's deploy hook, `kill -HUP`) takes effect for the next
 //! handshake without a restart or a dropped connection; files that do not load leave the
-//! certificate in use as it was, and say why.
+//! certificate in use as it was, and say why. Each certificate loaded sets
+//! `hooklatch_tls_certificate_expiry_timestamp_seconds` (its leaf's `notAfter`) and, within 14
+//! days of it or past it, logs a warning or an error: a renewal that did not happen shows
+//! before providers start failing their handshakes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -39,7 +42,9 @@ pub(crate) struct ListenerTls {
 impl ListenerTls {
     /// Reads the certificate and key (the process environment for an `env:` key).
     pub(crate) fn new(settings: ServerTls) -> anyhow::Result<ListenerTls> {
-        let current = Arc::new(CurrentCert(RwLock::new(Arc::new(load(&settings)?))));
+        let loaded = load(&settings)?;
+        report_expiry(&loaded);
+        let current = Arc::new(CurrentCert(RwLock::new(Arc::new(loaded))));
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -62,6 +67,7 @@ impl ListenerTls {
     /// Reads the files again and, if they load, serves them from the next handshake on.
     pub(crate) fn reload(&self) -> anyhow::Result<()> {
         let fresh = Arc::new(load(&self.settings)?);
+        report_expiry(&fresh);
         *self
             .current
             .0
@@ -97,6 +103,37 @@ impl ListenerTls {
             }
         });
         Ok(())
+    }
+}
+
+/// How long before its certificate's expiry the gateway starts warning.
+const EXPIRY_WARNING: i64 = 14 * 86_400;
+
+/// The leaf certificate's `notAfter`, in seconds since the Unix epoch.
+fn not_after(key: &CertifiedKey) -> Option<i64> {
+    let leaf = key.cert.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
+/// Sets the expiry gauge, and warns near the expiry or past it.
+fn report_expiry(key: &CertifiedKey) {
+    let Some(expiry) = not_after(key) else {
+        return;
+    };
+    metrics::gauge!("hooklatch_tls_certificate_expiry_timestamp_seconds").set(expiry as f64);
+    let now = hooklatch_core::Timestamp::now().as_millis() / 1000;
+    let left = expiry - now;
+    if left <= 0 {
+        tracing::error!(
+            expired_s_ago = -left,
+            "the TLS certificate has expired: providers refuse it; renew it and send SIGHUP"
+        );
+    } else if left < EXPIRY_WARNING {
+        tracing::warn!(
+            days_left = left / 86_400,
+            "the TLS certificate expires soon; renew it and send SIGHUP"
+        );
     }
 }
 

@@ -77,20 +77,46 @@ impl TestCa {
         self.issue(names, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
+    /// A server certificate for `names` that expires `days` from now, at midnight UTC
+    /// (rcgen takes a date).
+    pub fn server_expiring_in(&self, names: &[&str], days: i64) -> Issued {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs() as i64;
+        let (year, month, day) = hooklatch_core::time::civil_date(now.div_euclid(86_400) + days);
+        let mut params = self.server_params(names);
+        params.not_after = rcgen::date_time_ymd(year as i32, month as u8, day as u8);
+        self.sign(params)
+    }
+
     /// A client certificate named `name`, for mutual TLS.
     pub fn client(&self, name: &str) -> Issued {
         self.issue(&[name], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
     fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose) -> Issued {
-        let key = KeyPair::generate().expect("a key pair");
+        let mut params = self.server_params(names);
+        params.extended_key_usages = vec![usage];
+        self.sign(params)
+    }
+
+    /// A leaf's parameters: `names` as subject alternative names, the first as its common
+    /// name, for a server.
+    fn server_params(&self, names: &[&str]) -> CertificateParams {
         let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
         let mut params = CertificateParams::new(names.clone()).expect("certificate parameters");
         if let Some(first) = names.first() {
             params.distinguished_name.push(DnType::CommonName, first);
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params
+    }
+
+    /// `params` signed by this CA, with a new key.
+    fn sign(&self, params: CertificateParams) -> Issued {
+        let key = KeyPair::generate().expect("a key pair");
         let cert = params
             .signed_by(&key, &self.issuer)
             .expect("a signed certificate");

@@ -394,3 +394,50 @@ impl Drop for KilledOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A certificate near its expiry: the gateway sets
+/// `hooklatch_tls_certificate_expiry_timestamp_seconds` to its `notAfter` and warns at start;
+/// a renewal read on `SIGHUP` moves the gauge to the new certificate's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_near_its_expiry_is_warned_about_and_its_expiry_is_a_metric() {
+    let app = Handler::start(Behaviour::AlwaysOk).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let ca = TestCa::new("expiring CA");
+    install(dir.path(), &ca.server_expiring_in(&["localhost"], 3));
+    let gw = Gateway::start_with(
+        &app,
+        Options {
+            server_config: tls_lines(dir.path()),
+            log_level: "info",
+            ..Options::default()
+        },
+    )
+    .await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    let expiry = gw
+        .metric("hooklatch_tls_certificate_expiry_timestamp_seconds")
+        .await;
+    let days = (expiry - now) / 86_400.0;
+    assert!((2.0..=4.0).contains(&days), "expires in {days} days");
+    assert!(
+        gw.log().contains("the TLS certificate expires soon"),
+        "{}",
+        gw.log_tail(20)
+    );
+
+    install(dir.path(), &ca.server_expiring_in(&["localhost"], 90));
+    hangup(gw.pid());
+    eventually(
+        "the renewed certificate's expiry is the gauge's",
+        async || {
+            let expiry = gw
+                .metric("hooklatch_tls_certificate_expiry_timestamp_seconds")
+                .await;
+            (expiry - now) / 86_400.0 > 80.0
+        },
+    )
+    .await;
+}
