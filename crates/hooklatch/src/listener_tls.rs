@@ -109,18 +109,23 @@ impl ListenerTls {
 /// How long before its certificate's expiry the gateway starts warning.
 const EXPIRY_WARNING: i64 = 14 * 86_400;
 
-/// The leaf certificate's `notAfter`, in seconds since the Unix epoch.
-fn not_after(key: &CertifiedKey) -> Option<i64> {
-    let leaf = key.cert.first()?;
-    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
-    Some(cert.validity().not_after.timestamp())
-}
-
-/// Sets the expiry gauge, and warns near the expiry or past it.
+/// Sets the expiry gauge from the leaf certificate's `notAfter`, warns near the expiry or
+/// past it, and warns about a leaf that is a CA certificate (what `openssl req -x509` makes
+/// alone), which rustls clients refuse as a server's.
 fn report_expiry(key: &CertifiedKey) {
-    let Some(expiry) = not_after(key) else {
+    let Some(leaf) = key.cert.first() else {
         return;
     };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf.as_ref()) else {
+        return;
+    };
+    if cert.is_ca() {
+        tracing::warn!(
+            "the TLS certificate is a CA certificate (basicConstraints CA:TRUE): clients built on \
+             rustls refuse it as a server's (CaUsedAsEndEntity); serve one your CA signs"
+        );
+    }
+    let expiry = cert.validity().not_after.timestamp();
     metrics::gauge!("hooklatch_tls_certificate_expiry_timestamp_seconds").set(expiry as f64);
     let now = hooklatch_core::Timestamp::now().as_millis() / 1000;
     let left = expiry - now;

@@ -49,6 +49,7 @@ pub struct TestCa {
     issuer: Issuer<'static, KeyPair>,
     cert: CertificateDer<'static>,
     pem: String,
+    key_pem: String,
 }
 
 impl TestCa {
@@ -63,6 +64,7 @@ impl TestCa {
         TestCa {
             cert: cert.der().clone(),
             pem: cert.pem(),
+            key_pem: key.serialize_pem(),
             issuer: Issuer::new(params, key),
         }
     }
@@ -70,6 +72,18 @@ impl TestCa {
     /// The CA's certificate, PEM: what a client is told to trust.
     pub fn pem(&self) -> &str {
         &self.pem
+    }
+
+    /// The CA's own certificate and key, as a server would be given them by mistake (a
+    /// self-signed certificate with `CA:TRUE`, what `openssl req -x509` makes).
+    pub fn itself(&self) -> Issued {
+        let key = KeyPair::from_pem(&self.key_pem).expect("the CA's key");
+        Issued {
+            cert: self.cert.clone(),
+            cert_pem: self.pem.clone(),
+            key_pkcs8: key.serialize_der(),
+            key_pem: self.key_pem.clone(),
+        }
     }
 
     /// A server certificate for `names` (DNS names or IP addresses, as text).

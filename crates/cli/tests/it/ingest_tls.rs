@@ -397,7 +397,8 @@ impl Drop for KilledOnDrop {
 
 /// A certificate near its expiry: the gateway sets
 /// `hooklatch_tls_certificate_expiry_timestamp_seconds` to its `notAfter` and warns at start;
-/// a renewal read on `SIGHUP` moves the gauge to the new certificate's.
+/// a CA certificate loaded on `SIGHUP` is warned about; a renewal moves the gauge to the new
+/// certificate's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_near_its_expiry_is_warned_about_and_its_expiry_is_a_metric() {
     let app = Handler::start(Behaviour::AlwaysOk).await;
@@ -427,6 +428,15 @@ async fn a_certificate_near_its_expiry_is_warned_about_and_its_expiry_is_a_metri
         "{}",
         gw.log_tail(20)
     );
+
+    // A CA certificate served by mistake: loaded (OpenSSL clients take it), and warned about.
+    install(dir.path(), &ca.itself());
+    hangup(gw.pid());
+    eventually(
+        "a CA certificate as the server's is warned about",
+        async || gw.log().contains("the TLS certificate is a CA certificate"),
+    )
+    .await;
 
     install(dir.path(), &ca.server_expiring_in(&["localhost"], 90));
     hangup(gw.pid());
