@@ -94,8 +94,8 @@ impl std::fmt::Debug for ServerTls {
 }
 
 impl ServerTls {
-    /// Reads the certificate chain and the key, and checks that the key is the certificate's:
-    /// `(certificate PEM, key)`. Errors name the file and what is wrong, never the key.
+    /// Reads the certificate chain and the key: `(certificate PEM, key)`. Errors name the file,
+    /// never the key.
     pub fn read(&self, env: &HashMap<String, String>) -> Result<(String, Secret), ConfigError> {
         let cert_pem = std::fs::read_to_string(&self.cert_file).map_err(|e| {
             err(
@@ -109,13 +109,18 @@ impl ServerTls {
             env,
             self.base_dir.as_deref(),
         )?;
-        let identity = ClientIdentity {
-            cert_pem,
-            key_pem: key,
-        };
-        crate::tls_files::check_client_identity(&identity)
-            .map_err(|e| err("server.tls_cert", e))?;
-        Ok((identity.cert_pem, identity.key_pem))
+        Ok((cert_pem, key))
+    }
+
+    /// [`ServerTls::read`], then the chain and key as rustls serves them, checked: the
+    /// certificates parse and the key is the first one's.
+    pub fn certified_key(
+        &self,
+        env: &HashMap<String, String>,
+    ) -> Result<rustls::sign::CertifiedKey, ConfigError> {
+        let (cert_pem, key_pem) = self.read(env)?;
+        crate::tls_files::certified_key(&ClientIdentity { cert_pem, key_pem })
+            .map_err(|e| err("server.tls_cert", e))
     }
 }
 
@@ -141,16 +146,12 @@ fn server_tls(
         }
         (Some(cert), Some(key)) => (cert, key),
     };
-    let cert_file = Path::new(cert);
     let tls = ServerTls {
-        cert_file: match base_dir {
-            Some(dir) if cert_file.is_relative() => dir.join(cert_file),
-            _ => cert_file.to_path_buf(),
-        },
+        cert_file: resolve_path(cert, base_dir),
         key_reference: key.clone(),
         base_dir: base_dir.map(Path::to_path_buf),
     };
-    tls.read(env)?;
+    tls.certified_key(env)?;
     Ok(Some(tls))
 }
 
@@ -791,11 +792,7 @@ fn tls_files(
         }
     }
     let read = |name: &str, path: &str| -> Result<String, ConfigError> {
-        let path = Path::new(path);
-        let path = match base_dir {
-            Some(dir) if path.is_relative() => dir.join(path),
-            _ => path.to_path_buf(),
-        };
+        let path = resolve_path(path, base_dir);
         std::fs::read_to_string(&path).map_err(|e| {
             err(
                 format!("{p}{name}"),
@@ -1508,6 +1505,16 @@ fn parse_store_url(key: &str, url: &str) -> Result<StoreBackend, ConfigError> {
     ))
 }
 
+/// `path` as written in the configuration: a relative one is from the configuration file's
+/// directory (`base_dir`), when there is one.
+fn resolve_path(path: &str, base_dir: Option<&Path>) -> std::path::PathBuf {
+    let path = Path::new(path);
+    match base_dir {
+        Some(dir) if path.is_relative() => dir.join(path),
+        _ => path.to_path_buf(),
+    }
+}
+
 /// Reads a secret reference: `env:NAME`, `file:PATH` (relative to `base_dir` when given) or a
 /// literal. `key` names the setting in errors; the error never shows the secret.
 pub fn read_secret(
@@ -1521,11 +1528,7 @@ pub fn read_secret(
             .cloned()
             .ok_or_else(|| err(key, format!("environment variable {name} is not set")))?
     } else if let Some(path) = reference.strip_prefix("file:") {
-        let path = Path::new(path);
-        let path = match base_dir {
-            Some(dir) if path.is_relative() => dir.join(path),
-            _ => path.to_path_buf(),
-        };
+        let path = resolve_path(path, base_dir);
         std::fs::read_to_string(&path)
             .map_err(|e| err(key, format!("reading {}: {e}", path.display())))?
             .trim()

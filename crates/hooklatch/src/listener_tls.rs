@@ -15,7 +15,6 @@ use rustls::sign::CertifiedKey;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::ServerTls;
-use hooklatch_core::tls::ClientIdentity;
 
 /// The certificate every handshake gets, replaced whole on reload.
 #[derive(Debug)]
@@ -145,7 +144,5 @@ fn report_expiry(key: &CertifiedKey) {
 /// The certificate and key `settings` name, as rustls serves them.
 fn load(settings: &ServerTls) -> anyhow::Result<CertifiedKey> {
     let env: HashMap<String, String> = std::env::vars().collect();
-    let (cert_pem, key_pem) = settings.read(&env)?;
-    crate::tls_files::certified_key(&ClientIdentity { cert_pem, key_pem })
-        .map_err(|e| anyhow::anyhow!("server.tls_cert: {e}"))
+    Ok(settings.certified_key(&env)?)
 }

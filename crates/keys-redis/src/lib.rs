@@ -164,9 +164,7 @@ impl RedisKeys {
         let conn = client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|err| {
-                KeyStoreError(format!("{}: cannot connect: {err}", describe_url(url)))
-            })?;
+            .map_err(|err| KeyStoreError(format!("{shown}: cannot connect: {err}")))?;
         Ok(RedisKeys {
             conn,
             prefix: prefix.to_owned(),
