@@ -10,7 +10,8 @@
 //!
 //! Layout: [`error`] holds [`ApiError`]; `routes/ingest.rs` serves `/in`, `routes/requests.rs`
 //! serves `/v1/requests`, `routes/deliveries.rs` serves `/v1/deliveries`, `routes/health.rs`
-//! serves the probes and metrics.
+//! serves the probes and metrics. [`wire`] serves one HTTP/1.1 connection to a router, as
+//! every listener does.
 #![forbid(unsafe_code)]
 
 pub mod disabled;
@@ -18,6 +19,7 @@ pub mod error;
 mod extract;
 pub mod handoff;
 mod routes;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
