@@ -62,7 +62,7 @@ pub fn runtime() -> &'static tokio::runtime::Runtime {
 }
 
 /// A gateway's ingest router with one source per adapter (`s0`, `s1`, …) over `store`.
-fn gateway(store: Arc<dyn Store>) -> axum::Router {
+pub(crate) fn gateway(store: Arc<dyn Store>) -> axum::Router {
     let sources = adapters()
         .into_iter()
         .enumerate()

@@ -2,6 +2,7 @@
 //! reads a request), the secrets they are configured with, and headers built from fuzz input.
 
 pub mod ingest;
+pub mod wire;
 
 use arbitrary::Arbitrary;
 use hooklatch_core::provider::{
