@@ -118,6 +118,25 @@ async fn another_method_on_a_source_is_refused_with_405_in_json_and_recorded() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_get_with_a_body_is_kept_in_history_with_its_body() {
+    // Found by the `wire` fuzz target: a GET's body was dropped unread, and history said the
+    // request had none. No provider sends one; the record must still be what came.
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let (status, _, body) = gw
+        .ingest()
+        .request(reqwest::Method::GET, "/in/stripe", "{\"id\":\"evt_get\"}")
+        .await;
+    assert_refused(&gw, (status, body), 405, "method_not_allowed").await;
+    let recorded = gw.requests("verdict=rejected").await;
+    let id = recorded[0]["id"].as_str().expect("an id");
+    let (_, detail) = gw.admin_get(&format!("/v1/requests/{id}")).await;
+    assert_eq!(detail["method"], "GET", "{detail}");
+    assert_eq!(detail["body"], "{\"id\":\"evt_get\"}", "{detail}");
+    assert_eq!(detail["body_truncated"], false, "{detail}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn any_other_path_is_answered_404_in_json_and_left_out_of_history() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let gw = Gateway::start(&handler).await;
