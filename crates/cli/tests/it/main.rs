@@ -39,3 +39,4 @@ mod scoping;
 mod seed;
 mod shutdown;
 mod store_full;
+mod timing;

@@ -1,11 +1,14 @@
 //! T18, a signing secret rotated under load (RELIABILITY.md): the source configured with the
 //! old and the new secret while the sender moves from the old to both (Stripe signs with both
-//! during a rotation: two `v1` entries) to the new; no verification fails. Then the old secret
+//! during a rotation: two `v1` entries) to the new, 10,000 events at a steady 1,000 a second
+//! (an open loop: each event has its due time, whatever the answers before it took); no
+//! verification fails. Then the old secret
 //! is removed from the config and the gateway restarted: what only the old one signs is
 //! refused 401 `invalid_signature`, and the new one still verifies.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use hooklatch_core::Timestamp;
 use tokio::task::JoinSet;
@@ -17,7 +20,10 @@ use crate::support::{
 };
 
 const NEW_SECRET: &str = "whsec_e2e_rotated_endpoint_secret_4567";
-const EVENTS: usize = 3_000;
+const EVENTS: usize = 10_000;
+/// Events sent a second, as a provider's steady traffic: event `i` is due `i` ms after the start.
+const RATE: u64 = 1_000;
+/// Requests in flight at most; a sender whose event is late sends it at once.
 const SENDERS: usize = 16;
 
 /// The source's `secrets` as an environment override.
@@ -78,6 +84,7 @@ async fn a_secret_rotated_under_load_fails_no_event_and_the_old_one_stops_once_r
     let run = unique("evt_rotate");
     let next = Arc::new(AtomicUsize::new(0));
     let refused = Arc::new(AtomicUsize::new(0));
+    let start = tokio::time::Instant::now();
     let mut senders = JoinSet::new();
     for _ in 0..SENDERS {
         let (ingest, next, refused, run) =
@@ -88,6 +95,8 @@ async fn a_secret_rotated_under_load_fails_no_event_and_the_old_one_stops_once_r
                 if i >= events {
                     return;
                 }
+                let due = start + Duration::from_micros(i as u64 * 1_000_000 / RATE);
+                tokio::time::sleep_until(due).await;
                 let body = stripe_invoice_paid(&format!("{run}_{i:05}"), 5000);
                 let headers = signed_by(&body, signers(i, events));
                 let (status, json) = ingest.post("stripe", &headers, body).await;
@@ -102,6 +111,7 @@ async fn a_secret_rotated_under_load_fails_no_event_and_the_old_one_stops_once_r
         });
     }
     senders.join_all().await;
+    let sending = start.elapsed();
     let refused = refused.load(Ordering::SeqCst);
     assert_eq!(refused, 0, "verifications failed during the rotation");
 
@@ -130,5 +140,10 @@ async fn a_secret_rotated_under_load_fails_no_event_and_the_old_one_stops_once_r
         .count("acked", events + 1)
         .count("lost", 0)
         .fault("rotation", 1)
-        .figure("failed_verifications", refused as u64);
+        .figure("failed_verifications", refused as u64)
+        .figure("rate_per_s", RATE)
+        .figure(
+            "sent_per_s",
+            (events as f64 / sending.as_secs_f64()).round() as u64,
+        );
 }
