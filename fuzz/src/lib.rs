@@ -1,6 +1,7 @@
 //! What the fuzz targets share: one adapter per provider (and per setting that changes how it
 //! reads a request), the secrets they are configured with, and headers built from fuzz input.
 
+pub mod admin;
 pub mod ingest;
 pub mod wire;
 
