@@ -571,3 +571,55 @@ async fn the_admin_api_refuses_every_request_without_its_bearer_token() {
         assert_eq!(res.status(), 200, "{probe}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_admin_route_answers_a_method_it_does_not_take_with_405_in_json() {
+    // Found by the `admin` fuzz target: axum's own 405 had an empty body.
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let (_, document) = gw.admin_get("/v1/openapi.json").await;
+    let mut checked = 0;
+    for (path, operations) in document["paths"].as_object().expect("paths") {
+        let path = path.replace("{id}", "req_1").replace("{name}", "app");
+        let taken: Vec<String> = operations
+            .as_object()
+            .expect("operations")
+            .keys()
+            .map(|m| m.to_uppercase())
+            .collect();
+        for method in [
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+        ] {
+            if taken.contains(&method.to_string()) {
+                continue;
+            }
+            let res = gw
+                .admin_response(method.clone(), &path, Some(ADMIN_TOKEN))
+                .await;
+            assert_eq!(res.status(), 405, "{method} {path}");
+            let allow = res
+                .headers()
+                .get("allow")
+                .map(|v| v.to_str().unwrap_or("").to_owned());
+            let allow = allow.unwrap_or_else(|| panic!("{method} {path}: no Allow header"));
+            for taken in &taken {
+                assert!(
+                    allow.contains(taken.as_str()),
+                    "{method} {path}: Allow {allow}"
+                );
+            }
+            let body: Value = res.json().await.expect("a JSON error");
+            assert_eq!(
+                body["code"], "method_not_allowed",
+                "{method} {path}: {body}"
+            );
+            assert!(body["message"].is_string(), "{body}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 50, "checked {checked}");
+}

@@ -46,6 +46,7 @@ pub(crate) fn admin_router(state: Arc<AdminState>) -> Router {
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -63,6 +64,16 @@ async fn openapi() -> Response {
 
 async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
+}
+
+/// A route called with a method it does not take: 405 in JSON, as every refusal, with the
+/// `Allow` header axum adds (found by the `admin` fuzz target: axum's own 405 had no body).
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not accepted on this route: the Allow header lists what is"),
+    )
 }
 
 /// Checks `Authorization: Bearer <token>` in constant time.
