@@ -627,6 +627,84 @@ async fn postgres_connections_reset_are_503_and_not_ready_never_2xx_then_recover
     postgres_outage("reset_peer", |proxy| proxy.reset_peer()).await;
 }
 
+/// PostgreSQL on a slow link (the fault proxy's `latency`, then its `slicer`): 100 events
+/// under each, every one sent twice at once by 16 senders. Each is answered 200, one copy
+/// `accepted` and the other `duplicate` (never a 5xx: the store's waits and timeouts are not
+/// tripped by a slow network), and delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
+    const EVENTS: usize = 100;
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T3", "postgres");
+    let (proxy, url) = crate::support::proxied(&db.url(), 5432).await;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(url),
+            ..Options::default()
+        },
+    )
+    .await;
+    let mut keys = Vec::new();
+    for fault in ["latency", "slicer"] {
+        match fault {
+            "latency" => proxy.set_latency(Duration::from_millis(10)),
+            _ => {
+                proxy.set_latency(Duration::ZERO);
+                proxy.set_slicer(32, Duration::from_millis(1));
+            }
+        }
+        let ids: Vec<String> = (0..EVENTS)
+            .map(|i| format!("{}_{i:03}", unique(&format!("evt_{fault}"))))
+            .collect();
+        let mut senders = tokio::task::JoinSet::new();
+        for chunk in ids.chunks(EVENTS.div_ceil(8)) {
+            for _copy in 0..2 {
+                let (ingest, chunk) = (gw.ingest(), chunk.to_vec());
+                senders.spawn(async move {
+                    let mut verdicts = Vec::new();
+                    for id in chunk {
+                        let body = stripe_invoice_paid(&id, 5000);
+                        let (status, json) =
+                            ingest.post("stripe", &stripe_headers(&body), body).await;
+                        assert_eq!(status, 200, "{id}: {json}");
+                        verdicts.push((id, json["status"].as_str().unwrap_or("").to_owned()));
+                    }
+                    verdicts
+                });
+            }
+        }
+        let mut answers: HashMap<String, Vec<String>> = HashMap::new();
+        for (id, verdict) in senders.join_all().await.into_iter().flatten() {
+            answers.entry(id).or_default().push(verdict);
+        }
+        for (id, mut verdicts) in answers {
+            verdicts.sort();
+            assert_eq!(verdicts, ["accepted", "duplicate"], "{id} under {fault}");
+            keys.push(format!("stripe:{id}"));
+        }
+        card.fault(fault, 1);
+    }
+    proxy.set_slicer(0, Duration::ZERO);
+    wait_until_within("every event delivered", Duration::from_secs(120), || {
+        keys.iter().all(|k| handler.count_for(k) >= 1)
+    })
+    .await;
+    let repeated: usize = keys.iter().map(|k| handler.count_for(k) - 1).sum();
+    assert_eq!(repeated, 0, "no event delivered twice");
+    card.count("ops", 4 * EVENTS)
+        .count("acked", 2 * EVENTS)
+        .count("lost", 0)
+        .count("duplicates", repeated)
+        .figure("proxied_connections", proxy.accepted());
+    drop(gw);
+    drop(proxy);
+    db.drop_now().await;
+}
+
 /// A test that panics before `drop_now` leaves no database behind: dropping the value drops
 /// it (the path unwinding takes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
