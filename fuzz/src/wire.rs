@@ -62,8 +62,9 @@ pub enum Piece<'a> {
     Request(Request<'a>),
 }
 
-/// A well-formed HTTP/1.1 request: a valid request line, only valid header names and values
-/// (none that frames the message), and a body framed as `framing` says.
+/// A well-formed request: a valid request line (HTTP/1.1 or 1.0, or now and then
+/// `HTTP/2.0`, which hyper's parser refuses with an empty 400), only valid header names and
+/// values (none that frames the message), and a body framed as `chunked` says.
 #[derive(Arbitrary, Debug)]
 pub struct Request<'a> {
     /// Which configured source (`s0`, `s1`, …, wrapping).
@@ -83,6 +84,9 @@ pub struct Request<'a> {
     pub sign: bool,
     /// The event key signing uses where the provider carries it in a header.
     pub event_key: &'a str,
+    /// The protocol version on the request line: HTTP/1.1 (most of the time), HTTP/1.0 (no
+    /// keep-alive unless asked; hyper closes after the answer), or `HTTP/2.0`.
+    pub version: u8,
 }
 
 /// What a well-formed request was, to check history against.
@@ -115,7 +119,12 @@ impl Request<'_> {
                 headers.insert(name.clone(), value.clone());
             }
         }
-        let mut out = format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1:8080\r\n").into_bytes();
+        let version = match self.version % 8 {
+            0..=4 => "HTTP/1.1",
+            5 | 6 => "HTTP/1.0",
+            _ => "HTTP/2.0",
+        };
+        let mut out = format!("{method} {path} {version}\r\nhost: 127.0.0.1:8080\r\n").into_bytes();
         for (name, value) in &headers {
             if is_framing(name) {
                 continue;
