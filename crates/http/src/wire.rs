@@ -1,7 +1,6 @@
 //! One HTTP/1.1 connection as the gateway's listeners serve it, from the bytes on the wire to
 //! the router: hyper with a timer (its header-read timeout silently does nothing without one,
-//! and that timeout is what closes a slowloris connection), keep-alive, answers to clients
-//! that half-close once their request is sent, the peer's address
+//! and that timeout is what closes a slowloris connection), keep-alive, the peer's address
 //! handed to the handlers, and the ingest listener's `mid_response_write` crash point. The
 //! accept loop (`hooklatch`'s `server`) runs one per accepted TCP or TLS stream; the `wire`
 //! fuzz target runs it on an in-memory stream, so what it reaches is what a socket reaches.
@@ -44,10 +43,6 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .keep_alive(true)
-        // A client that shuts its side once its request is sent (`shutdown(SHUT_WR)`) still
-        // gets the answer: without this, hyper closed at the end of input and the request was
-        // processed, committed and recorded, but never answered.
-        .half_close(true)
         .serve_connection(
             TokioIo::new(Connection { stream, ingest }),
             TowerToHyperService::new(service),
