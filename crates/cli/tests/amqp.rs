@@ -531,12 +531,17 @@ async fn drain_message_ids(broker: &mut TestBroker, queue: &str) -> Vec<String> 
     ids
 }
 
-/// A broker that stops answering (the fault proxy stalls every byte, no close): publishes get
-/// no confirm within the destination's timeout and are retried, recorded as failures, never
-/// as delivered; once the broker answers again the publisher connects anew and the event lands,
-/// once, keyed by its event.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event_lands_once() {
+/// A broker that stops answering (the fault proxy stalls every byte): publishes get no confirm
+/// within the destination's timeout and are retried, recorded as failures, never as delivered;
+/// once the broker answers again the publisher connects anew and the event lands, once, keyed
+/// by its event. With no close at all (Toxiproxy's `timeout` without a limit), or with every
+/// connection closed after 2 s of silence (`timeout` with a limit: the publisher's connection
+/// ends under it, and each new one it opens hears nothing and is closed in turn).
+async fn broker_silent(
+    fault: &str,
+    closes: bool,
+    silence: impl FnOnce(&hooklatch_testkit::proxy::FaultProxy),
+) {
     let Some(url) = broker_url() else { return };
     let _broker_up = BROKER.read().await;
     let Proxied {
@@ -545,14 +550,23 @@ async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event
         proxy,
         gw,
         handler: _handler,
-    } = Proxied::start(&url, "stall", "max_attempts = 50", "1s").await;
+    } = Proxied::start(&url, fault, "max_attempts = 50", "1s").await;
     let send = async |prefix: &str| send_accepted(&gw, prefix).await;
-    let before = send("evt_before_stall").await;
+    let before = send(&format!("evt_before_{fault}")).await;
     gw.wait_for_delivery_state(&before, "delivered").await;
 
-    proxy.stall();
-    let during = send("evt_during_stall").await;
-    eventually("a failed attempt recorded while stalled", async || {
+    let connections = proxy.accepted();
+    silence(&proxy);
+    let during = send(&format!("evt_during_{fault}")).await;
+    if closes {
+        // The silent connection is closed under the publisher, which opens another into the
+        // silence.
+        eventually("a new connection after the close", async || {
+            proxy.accepted() > connections
+        })
+        .await;
+    }
+    eventually("a failed attempt recorded while silent", async || {
         gw.deliveries_for(&during).await.first().is_some_and(|row| {
             row["attempts"].as_u64().unwrap_or(0) >= 1 && !row["last_error"].is_null()
         })
@@ -568,7 +582,7 @@ async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event
     let attempts = row["attempts"].as_u64().unwrap_or(0);
     assert!(
         attempts >= 2,
-        "failed while stalled, then delivered: {row:#}"
+        "failed while silent, then delivered: {row:#}"
     );
     let keys = drain_message_ids(&mut broker, &queue).await;
     assert_eq!(
@@ -576,10 +590,23 @@ async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event
         [before, during],
         "each event once, in order, keyed by its event"
     );
-    println!("figure: a stalled publish's error: {error}; {attempts} attempts in all");
+    println!("figure: {fault}: a silent publish's error: {error}; {attempts} attempts in all, {} connections", proxy.accepted());
     drop(gw);
     drop(proxy);
     broker.clean_up().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_is_retried_until_it_answers_and_the_event_lands_once() {
+    broker_silent("stall", false, |proxy| proxy.stall()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_silent_then_cut_off_is_retried_until_it_answers_and_the_event_lands_once() {
+    broker_silent("timeout", true, |proxy| {
+        proxy.timeout(Duration::from_secs(2))
+    })
+    .await;
 }
 
 /// The broker's connection reset by the network in the middle of a burst, then the link made

@@ -627,17 +627,15 @@ async fn postgres_connections_reset_are_503_and_not_ready_never_2xx_then_recover
     postgres_outage("reset_peer", |proxy| proxy.reset_peer()).await;
 }
 
-/// PostgreSQL on a slow link (the fault proxy's `latency`, then its `slicer`): 100 events
-/// under each, every one sent twice at once by 16 senders. Each is answered 200, one copy
-/// `accepted` and the other `duplicate` (never a 5xx: the store's waits and timeouts are not
-/// tripped by a slow network), and delivered exactly once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
-    const EVENTS: usize = 100;
-    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
-        return;
-    };
-    let mut card = crate::report::Card::new("T3", "postgres");
+/// A database of its own, a handler answering 200, and a gateway whose store URL goes
+/// through a fault proxy; `None` without PostgreSQL.
+async fn through_proxy() -> Option<(
+    Database,
+    hooklatch_testkit::proxy::FaultProxy,
+    Handler,
+    Gateway,
+)> {
+    let db = Database::create(&unique("hooklatch_e2e")).await?;
     let (proxy, url) = crate::support::proxied(&db.url(), 5432).await;
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let gw = Gateway::start_with(
@@ -648,6 +646,20 @@ async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
         },
     )
     .await;
+    Some((db, proxy, handler, gw))
+}
+
+/// PostgreSQL on a slow link (the fault proxy's `latency`, then its `slicer`): 100 events
+/// under each, every one sent twice at once by 16 senders. Each is answered 200, one copy
+/// `accepted` and the other `duplicate` (never a 5xx: the store's waits and timeouts are not
+/// tripped by a slow network), and delivered exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
+    const EVENTS: usize = 100;
+    let Some((db, proxy, handler, gw)) = through_proxy().await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T3", "postgres");
     let mut keys = Vec::new();
     for fault in ["latency", "slicer"] {
         match fault {
@@ -699,6 +711,153 @@ async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
         .count("acked", 2 * EVENTS)
         .count("lost", 0)
         .count("duplicates", repeated)
+        .figure("proxied_connections", proxy.accepted());
+    drop(gw);
+    drop(proxy);
+    db.drop_now().await;
+}
+
+/// T3, a PostgreSQL connection cut at any byte (the fault proxy's `limit_data`). The test
+/// first measures the bytes each way of one ingest on fresh connections (the most one
+/// connection carried), then sweeps a data limit across that span and half as far again, upstream and then downstream: every connection the gateway opens
+/// is closed once that many bytes have passed that way on it — inside its start-up, a
+/// statement, or the answer to one, a commit's included — while one new event is sent. The
+/// answer is 200 or 503 `store_unavailable` with `Retry-After`, nothing else; once the limit
+/// is lifted, the provider's retry is 200, and `duplicate` whenever the first answer was 200
+/// (an acknowledged event is stored). At the end each event has one claim and one outbox row
+/// in the database and is delivered. A 503 whose retry says `duplicate` is the cut that fell
+/// after the commit and before its answer reached the gateway: counted on the card.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
+    use hooklatch_testkit::proxy::Direction;
+    // Finer downstream, where the answer to the commit is.
+    const STEPS: [u64; 2] = [16, 40];
+    let Some((db, proxy, handler, gw)) = through_proxy().await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T3", "postgres");
+    let before = gw.send_stripe_event("stripe", "evt_before_cuts").await;
+    gw.wait_for_delivery_state(&before, "delivered").await;
+
+    // One ingest's conversation on fresh connections, each way: the most any one of them
+    // carried.
+    proxy.close_open();
+    proxy.reset_counts();
+    let measured = gw.send_stripe_event("stripe", "evt_measured").await;
+    let span = |d: Direction| proxy.most_on_one(d).max(64);
+    let spans = [
+        (Direction::Upstream, span(Direction::Upstream), STEPS[0]),
+        (Direction::Downstream, span(Direction::Downstream), STEPS[1]),
+    ];
+
+    let mut keys = vec![before, measured];
+    let (mut first_ok, mut first_503, mut committed_unanswered) = (0usize, 0usize, 0usize);
+    let mut sends = keys.len();
+    for (direction, span, steps) in spans {
+        for step in 0..=steps {
+            // Up to half as far again as the measured span: connections that carry a little
+            // more than the one measured (a reconnect, a ping) are cut too, and the last
+            // steps let the whole ingest through.
+            let limit = span * step * 3 / (2 * steps);
+            proxy.set_limit_data(direction, Some(limit));
+            proxy.close_open();
+            let id = format!("{}_{limit:06}", unique(&format!("evt_{direction:?}")));
+            let body = stripe_invoice_paid(&id, 5000);
+            let res = gw
+                .ingest()
+                .send("stripe", &stripe_headers(&body), body.clone())
+                .await
+                .expect("an answer, not a hang");
+            sends += 1;
+            let acked = match res.status().as_u16() {
+                200 => {
+                    first_ok += 1;
+                    true
+                }
+                503 => {
+                    assert!(res.headers().contains_key("retry-after"), "{id}");
+                    let json: serde_json::Value = res.json().await.expect("a JSON error");
+                    assert_eq!(json["code"], "store_unavailable", "{id}: {json}");
+                    first_503 += 1;
+                    false
+                }
+                status => panic!("{id}, {direction:?} cut at {limit} B: {status}"),
+            };
+            proxy.set_limit_data(direction, None);
+            proxy.close_open();
+            // The provider's retry, as often as it takes while the gateway reconnects.
+            let mut verdict = String::new();
+            eventually_within(
+                "the retry answered 200",
+                Duration::from_secs(60),
+                async || {
+                    let (status, json) = gw
+                        .post("stripe", &stripe_headers(&body), body.clone())
+                        .await;
+                    sends += 1;
+                    assert!(status == 200 || status == 503, "{id}: {status} {json}");
+                    verdict = json["status"].as_str().unwrap_or("").to_owned();
+                    status == 200
+                },
+            )
+            .await;
+            match (acked, verdict.as_str()) {
+                (true, "duplicate") | (false, "accepted") => {}
+                (false, "duplicate") => committed_unanswered += 1,
+                (_, other) => panic!(
+                    "{id}, {direction:?} cut at {limit} B: acknowledged {acked}, then {other}"
+                ),
+            }
+            keys.push(format!("stripe:{id}"));
+        }
+        card.fault(
+            match direction {
+                Direction::Upstream => "limit_data_upstream",
+                Direction::Downstream => "limit_data_downstream",
+            },
+            steps as usize + 1,
+        );
+    }
+    assert!(
+        first_ok > 0 && first_503 > 0,
+        "the sweep cut before the work and after it: {first_ok} answered 200 at once, {first_503} 503"
+    );
+
+    wait_until_within("every event delivered", Duration::from_secs(120), || {
+        keys.iter().all(|k| handler.count_for(k) >= 1)
+    })
+    .await;
+    let mut conn = sqlx::PgConnection::connect(&db.url())
+        .await
+        .expect("a session");
+    let claims: i64 = sqlx::query_scalar("SELECT count(*) FROM claims")
+        .fetch_one(&mut conn)
+        .await
+        .expect("counting claims");
+    assert_eq!(claims as usize, keys.len(), "one claim per event");
+    let doubled: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT event_key, count(*) FROM deliveries GROUP BY source, event_key HAVING count(*) <> 1",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("counting outbox rows");
+    assert!(doubled.is_empty(), "one outbox row per event: {doubled:?}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM deliveries")
+        .fetch_one(&mut conn)
+        .await
+        .expect("counting outbox rows");
+    assert_eq!(rows as usize, keys.len());
+    let _ = conn.close().await;
+    let repeated: usize = keys.iter().map(|k| handler.count_for(k) - 1).sum();
+    card.count("ops", sends)
+        .count("acked", keys.len())
+        .count("lost", 0)
+        .count("duplicates", repeated)
+        .figure("first_answer_200", first_ok)
+        .figure("first_answer_503", first_503)
+        .figure("committed_unanswered", committed_unanswered)
+        .figure("upstream_span_bytes", spans[0].1)
+        .figure("downstream_span_bytes", spans[1].1)
         .figure("proxied_connections", proxy.accepted());
     drop(gw);
     drop(proxy);

@@ -393,3 +393,92 @@ async fn a_slow_link_to_the_destination_is_slow_within_the_timeout_and_retried_p
         }
     }
 }
+
+/// The destination's answer torn at any byte (the fault proxy's `limit_data`, downstream):
+/// the test measures one whole answer through the proxy, then sweeps a data limit across it,
+/// one new event per step, each connection the gateway opens closed once that many bytes of
+/// the answer have passed. The handler answers 200 with no body, so its whole answer is a
+/// head: an answer cut anywhere before its last byte is never counted as delivered (the
+/// attempt fails and is retried), and the whole one is. Once the limit is lifted every event
+/// is delivered, every copy the handler got carrying its event's key and body byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_torn_at_any_byte_is_retried_and_never_lost() {
+    use hooklatch_testkit::proxy::Direction;
+    const STEPS: u64 = 20;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let (proxy, url) = crate::support::proxied(&handler.url(), 80).await;
+    let gw = Gateway::start_at(
+        url,
+        Options {
+            max_attempts: 50,
+            initial_backoff: "100ms",
+            max_backoff: "1s",
+            ..Options::default()
+        },
+    )
+    .await;
+    let send = async || {
+        let id = unique("evt_torn");
+        let body = crate::support::stripe_invoice_paid(&id, 5000);
+        let (status, _) = gw
+            .post("stripe", &stripe_headers(&body), body.clone())
+            .await;
+        assert_eq!(status, 200);
+        (format!("stripe:{id}"), body)
+    };
+    // One whole answer, on a fresh connection.
+    proxy.close_open();
+    let answered = proxy.passed(Direction::Downstream);
+    let (key, body) = send().await;
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    let whole = proxy.passed(Direction::Downstream) - answered;
+    assert!(
+        whole > "HTTP/1.1 200 OK\r\n\r\n".len() as u64,
+        "{whole} bytes"
+    );
+
+    let mut events = vec![(key, body)];
+    let mut first_delivered_at = None;
+    for step in 0..=STEPS {
+        let limit = whole * step / STEPS;
+        proxy.set_limit_data(Direction::Downstream, Some(limit));
+        proxy.close_open();
+        let (key, body) = send().await;
+        let mut first = Value::Null;
+        crate::support::eventually("the first attempt recorded", async || {
+            let rows = gw.deliveries_for(&key).await;
+            first = rows[0]["history"][0].clone();
+            !first.is_null()
+        })
+        .await;
+        let delivered = first["error"].is_null();
+        if limit < whole {
+            assert!(!delivered, "cut at {limit} B of {whole}: {first:#}");
+        }
+        if delivered && first_delivered_at.is_none() {
+            first_delivered_at = Some(limit);
+        }
+        events.push((key, body));
+    }
+    let threshold = first_delivered_at.expect("the whole answer was delivered");
+    proxy.set_limit_data(Direction::Downstream, None);
+    proxy.close_open();
+    for (key, body) in &events {
+        gw.wait_for_delivery_state(key, "delivered").await;
+        let received = handler.received_for(key);
+        assert!(!received.is_empty(), "{key}");
+        assert!(
+            received.iter().all(|r| r.body == *body),
+            "{key}: byte-exact"
+        );
+    }
+    let copies: usize = events
+        .iter()
+        .map(|(k, _)| handler.received_for(k).len())
+        .sum();
+    println!(
+        "figure: an answer of {whole} B torn at {} limits: delivered on the first attempt from {threshold} B; {copies} copies of {} events reached the handler",
+        STEPS + 1,
+        events.len()
+    );
+}
