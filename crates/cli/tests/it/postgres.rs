@@ -576,8 +576,8 @@ async fn postgres_over_verified_tls_serves_and_another_ca_stops_the_start() {
 }
 
 /// T3, an outage: PostgreSQL cut off by a fault proxy between the gateway and the server,
-/// which closes every connection and refuses new ones (`down`) or resets them
-/// (`reset_peer`). A new event is answered 503 `store_unavailable` with `Retry-After`, never
+/// which closes every connection and refuses new ones (`down`), resets them (`reset_peer`),
+/// or holds every byte and closes them after a limit (`timeout`). A new event is answered 503 `store_unavailable` with `Retry-After`, never
 /// 2xx, and `/readyz` says 503; once the server is reachable again the gateway is ready without
 /// a restart, the provider's retry is accepted, and both events are delivered once.
 async fn postgres_outage(fault: &str, cut: impl FnOnce(&hooklatch_testkit::proxy::FaultProxy)) {
@@ -625,6 +625,13 @@ async fn a_postgres_outage_is_503_and_not_ready_never_2xx_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_connections_reset_are_503_and_not_ready_never_2xx_then_recover() {
     postgres_outage("reset_peer", |proxy| proxy.reset_peer()).await;
+}
+
+/// Toxiproxy's `timeout` with a limit: PostgreSQL silent, and every connection closed after
+/// 1 s of it (new ones the gateway opens included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_silent_then_cut_off_is_503_and_not_ready_never_2xx_then_recovers() {
+    postgres_outage("timeout", |proxy| proxy.timeout(Duration::from_secs(1))).await;
 }
 
 /// A database of its own, a handler answering 200, and a gateway whose store URL goes

@@ -620,7 +620,8 @@ async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recove
 }
 
 /// T3, Redis cut off by the fault proxy: it stops answering (`stall`: no reset, no close,
-/// every byte held) or its connections are reset (`reset_peer`). A new event is answered 503
+/// every byte held; or `timeout`, the same until a limit, then closed) or its connections are
+/// reset (`reset_peer`). A new event is answered 503
 /// `key_store_unavailable` — after the key store's 2 s response timeout when stalled — never
 /// 2xx, never a hang, and `/readyz` says 503; once Redis answers again, the provider's retry is
 /// accepted and the event delivered once.
@@ -666,6 +667,13 @@ async fn a_redis_that_stops_answering_is_503_never_2xx_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_connections_reset_are_503_never_2xx_then_recover() {
     redis_outage("reset_peer", |proxy| proxy.reset_peer()).await;
+}
+
+/// Toxiproxy's `timeout` with a limit: Redis silent, and every connection closed after 1 s of
+/// it (new ones the gateway opens included).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_silent_then_cut_off_is_503_never_2xx_then_recovers() {
+    redis_outage("timeout", |proxy| proxy.timeout(Duration::from_secs(1))).await;
 }
 
 /// T2 and T3 in Redis-keys mode: a gateway that dies mid-claim, at the crash points
