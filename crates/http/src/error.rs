@@ -46,6 +46,15 @@ impl ApiError {
     pub fn bad_parameter(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_parameter", message)
     }
+
+    /// The JSON body every error answer carries, as bytes.
+    pub fn body_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&Body {
+            code: self.code,
+            message: &self.message,
+        })
+        .unwrap_or_default()
+    }
 }
 
 impl From<StoreError> for ApiError {

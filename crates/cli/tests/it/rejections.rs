@@ -613,3 +613,77 @@ async fn every_admin_route_answers_a_method_it_does_not_take_with_405_in_json() 
     }
     assert!(checked >= 50, "checked {checked}");
 }
+
+/// A request head hyper cannot parse, on either listener, as a client writes it to the
+/// socket: garbage, a header line without a colon, a control byte in the path, more than 100
+/// headers. hyper refuses each before the router sees it; the answer is the JSON error every
+/// refusal carries (`malformed_request` 400, `headers_too_large` 431), the connection is
+/// closed, and the gateway goes on serving: the same event sent right after is accepted. Such
+/// a request names no source to file it under and is not kept in history (as a request to a
+/// path outside `/in/{source}` is not); the metric counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_does_not_parse_is_answered_in_json_on_both_listeners() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let admin: std::net::SocketAddr = reqwest::Url::parse(&gw.admin_url())
+        .expect("the admin URL")
+        .socket_addrs(|| None)
+        .expect("the admin address")[0];
+    let mut many = b"POST /in/stripe HTTP/1.1\r\nhost: x\r\n".to_vec();
+    for i in 0..101 {
+        many.extend_from_slice(format!("x-header-{i}: v\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    let cases: [(&[u8], &str, &str); 4] = [
+        (b"GARBAGE\r\n\r\n", "400", "malformed_request"),
+        (
+            b"POST /in/stripe HTTP/1.1\r\nhost: x\r\nno colon here\r\n\r\n",
+            "400",
+            "malformed_request",
+        ),
+        (
+            b"POST /in/\x01 HTTP/1.1\r\nhost: x\r\n\r\n",
+            "400",
+            "malformed_request",
+        ),
+        (&many, "431", "headers_too_large"),
+    ];
+    for addr in [gw.ingest().addr(), admin] {
+        for (request, status, code) in &cases {
+            let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            conn.write_all(request).await.expect("write");
+            let mut answer = Vec::new();
+            tokio::time::timeout(Duration::from_secs(30), conn.read_to_end(&mut answer))
+                .await
+                .expect("the connection is closed after the answer")
+                .expect("read");
+            let answer = String::from_utf8_lossy(&answer);
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status} ")),
+                "{answer}"
+            );
+            let (head, body) = answer.split_once("\r\n\r\n").expect("a whole answer");
+            assert!(
+                head.to_ascii_lowercase()
+                    .contains("content-type: application/json"),
+                "{head}"
+            );
+            let json: Value = serde_json::from_str(body).expect("a JSON body");
+            assert_eq!(json["code"], *code, "{answer}");
+            assert!(json["message"].is_string(), "{json}");
+        }
+    }
+    assert!(gw.requests("").await.is_empty(), "nothing kept in history");
+    let metric = "hooklatch_malformed_requests_total{code=\"malformed_request\"}";
+    assert_eq!(gw.metric(metric).await, 6.0);
+    let id = unique("evt_after_bad_heads");
+    let body = stripe_invoice_paid(&id, 5000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+}
