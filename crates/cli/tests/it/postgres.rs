@@ -737,12 +737,13 @@ async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
     use hooklatch_testkit::proxy::Direction;
-    // Finer downstream, where the answer to the commit is.
-    const STEPS: [u64; 2] = [16, 40];
+    // Finer downstream, where the answer to the commit is (times `HOOKLATCH_SCALE`).
+    const STEPS: [usize; 2] = [16, 40];
     let Some((db, proxy, handler, gw)) = through_proxy().await else {
         return;
     };
     let mut card = crate::report::Card::new("T3", "postgres");
+    let seed = card.seed();
     let before = gw.send_stripe_event("stripe", "evt_before_cuts").await;
     gw.wait_for_delivery_state(&before, "delivered").await;
 
@@ -755,7 +756,8 @@ async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
     let spans = [
         (Direction::Upstream, span(Direction::Upstream), STEPS[0]),
         (Direction::Downstream, span(Direction::Downstream), STEPS[1]),
-    ];
+    ]
+    .map(|(direction, span, steps)| (direction, span, crate::report::scaled(steps) as u64));
 
     let mut keys = vec![before, measured];
     let (mut first_ok, mut first_503, mut committed_unanswered) = (0usize, 0usize, 0usize);
@@ -764,8 +766,11 @@ async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
         for step in 0..=steps {
             // Up to half as far again as the measured span: connections that carry a little
             // more than the one measured (a reconnect, a ping) are cut too, and the last
-            // steps let the whole ingest through.
-            let limit = span * step * 3 / (2 * steps);
+            // steps let the whole ingest through. Each step lands at a point of its stretch
+            // drawn from the seed, so runs with other seeds cut at other bytes.
+            let stretch = span * 3 / (2 * steps);
+            let limit = stretch * step
+                + crate::report::draw(seed, step + 1000 * (direction as u64), stretch);
             proxy.set_limit_data(direction, Some(limit));
             proxy.close_open();
             let id = format!("{}_{limit:06}", unique(&format!("evt_{direction:?}")));

@@ -395,16 +395,15 @@ async fn a_slow_link_to_the_destination_is_slow_within_the_timeout_and_retried_p
 }
 
 /// The destination's answer torn at any byte (the fault proxy's `limit_data`, downstream):
-/// the test measures one whole answer through the proxy, then sweeps a data limit across it,
-/// one new event per step, each connection the gateway opens closed once that many bytes of
-/// the answer have passed. The handler answers 200 with no body, so its whole answer is a
+/// the test measures one whole answer through the proxy, then cuts it at every byte, one new
+/// event per cut, each connection the gateway opens closed once that many bytes of the answer
+/// have passed. The handler answers 200 with no body, so its whole answer is a
 /// head: an answer cut anywhere before its last byte is never counted as delivered (the
 /// attempt fails and is retried), and the whole one is. Once the limit is lifted every event
 /// is delivered, every copy the handler got carrying its event's key and body byte-exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_torn_at_any_byte_is_retried_and_never_lost() {
     use hooklatch_testkit::proxy::Direction;
-    const STEPS: u64 = 20;
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let (proxy, url) = crate::support::proxied(&handler.url(), 80).await;
     let gw = Gateway::start_at(
@@ -439,8 +438,7 @@ async fn an_answer_torn_at_any_byte_is_retried_and_never_lost() {
 
     let mut events = vec![(key, body)];
     let mut first_delivered_at = None;
-    for step in 0..=STEPS {
-        let limit = whole * step / STEPS;
+    for limit in 0..=whole {
         proxy.set_limit_data(Direction::Downstream, Some(limit));
         proxy.close_open();
         let (key, body) = send().await;
@@ -478,7 +476,7 @@ async fn an_answer_torn_at_any_byte_is_retried_and_never_lost() {
         .sum();
     println!(
         "figure: an answer of {whole} B torn at {} limits: delivered on the first attempt from {threshold} B; {copies} copies of {} events reached the handler",
-        STEPS + 1,
+        whole + 1,
         events.len()
     );
 }
