@@ -157,6 +157,7 @@ impl<S: AsyncWrite + Unpin> Connection<S> {
     ) -> Poll<io::Result<usize>> {
         let status = final_status(head);
         if self.replacing.is_none()
+            && status.is_some()
             && self.answered >= self.calls.load(Ordering::SeqCst)
             && bodiless(head)
         {
