@@ -656,10 +656,11 @@ async fn through_proxy() -> Option<(
     Some((db, proxy, handler, gw))
 }
 
-/// PostgreSQL on a slow link (the fault proxy's `latency`, then its `slicer`): 100 events
-/// under each, every one sent twice at once by 16 senders. Each is answered 200, one copy
-/// `accepted` and the other `duplicate` (never a 5xx: the store's waits and timeouts are not
-/// tripped by a slow network), and delivered exactly once.
+/// PostgreSQL on a slow link (the fault proxy's `latency`, then its `slicer`, then its
+/// `bandwidth` at 256 KiB/s each way): 100 events under each, every one sent twice at once by
+/// 16 senders. Each is answered 200, one copy `accepted` and the other `duplicate` (never a
+/// 5xx: the store's waits and timeouts are not tripped by a slow network), and delivered
+/// exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
     const EVENTS: usize = 100;
@@ -668,12 +669,16 @@ async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
     };
     let mut card = crate::report::Card::new("T3", "postgres");
     let mut keys = Vec::new();
-    for fault in ["latency", "slicer"] {
+    for fault in ["latency", "slicer", "bandwidth"] {
         match fault {
             "latency" => proxy.set_latency(Duration::from_millis(10)),
-            _ => {
+            "slicer" => {
                 proxy.set_latency(Duration::ZERO);
                 proxy.set_slicer(32, Duration::from_millis(1));
+            }
+            _ => {
+                proxy.set_slicer(0, Duration::ZERO);
+                proxy.set_bandwidth(256 * 1024);
             }
         }
         let ids: Vec<String> = (0..EVENTS)
@@ -707,15 +712,15 @@ async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
         }
         card.fault(fault, 1);
     }
-    proxy.set_slicer(0, Duration::ZERO);
+    proxy.set_bandwidth(0);
     wait_until_within("every event delivered", Duration::from_secs(120), || {
         keys.iter().all(|k| handler.count_for(k) >= 1)
     })
     .await;
     let repeated: usize = keys.iter().map(|k| handler.count_for(k) - 1).sum();
     assert_eq!(repeated, 0, "no event delivered twice");
-    card.count("ops", 4 * EVENTS)
-        .count("acked", 2 * EVENTS)
+    card.count("ops", 6 * EVENTS)
+        .count("acked", 3 * EVENTS)
         .count("lost", 0)
         .count("duplicates", repeated)
         .figure("proxied_connections", proxy.accepted());
