@@ -610,8 +610,8 @@ async fn a_broker_silent_then_cut_off_is_retried_until_it_answers_and_the_event_
 }
 
 /// The broker's connection reset by the network in the middle of a burst, then the link made
-/// slow (RELIABILITY.md T10, Toxiproxy's `reset_peer` and `latency`): every event lands in
-/// the queue keyed by its event; the reset may repeat only the publishes it left unconfirmed,
+/// slow (RELIABILITY.md T10, Toxiproxy's `reset_peer`, `latency` and `slicer`): every event
+/// lands in the queue keyed by its event; the reset may repeat only the publishes it left unconfirmed,
 /// at most one per delivery in flight, and the slow link repeats none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
@@ -649,7 +649,8 @@ async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
     proxy.up();
     wait_delivered(&reset_keys).await;
 
-    // A slow link: every chunk 50 ms late, each way.
+    // A slow link: every chunk 50 ms late, each way; then every chunk in 64-byte slices with
+    // 1 ms after each (a publish and its confirm arrive in pieces).
     proxy.set_latency(Duration::from_millis(50));
     let mut slow_keys = Vec::new();
     for _ in 0..report::scaled(20) {
@@ -657,6 +658,14 @@ async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
     }
     wait_delivered(&slow_keys).await;
     proxy.set_latency(Duration::ZERO);
+    proxy.set_slicer(64, Duration::from_millis(1));
+    let mut sliced_keys = Vec::new();
+    for _ in 0..report::scaled(20) {
+        sliced_keys.push(send("evt_sliced").await);
+    }
+    wait_delivered(&sliced_keys).await;
+    proxy.set_slicer(0, Duration::ZERO);
+    slow_keys.extend(sliced_keys);
 
     let mut copies = std::collections::HashMap::<String, usize>::new();
     for key in drain_message_ids(&mut broker, &queue).await {
@@ -688,6 +697,7 @@ async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
         .count("duplicates", reset_extra)
         .fault("reset_peer", 1)
         .fault("latency", 1)
+        .fault("slicer", 1)
         .figure("proxied_connections", proxy.accepted() as u64);
     drop(gw);
     drop(proxy);
