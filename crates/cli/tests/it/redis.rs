@@ -676,6 +676,73 @@ async fn a_redis_silent_then_cut_off_is_503_never_2xx_then_recovers() {
     redis_outage("timeout", |proxy| proxy.timeout(Duration::from_secs(1))).await;
 }
 
+/// T3, Redis on a slow link (the fault proxy's `latency`, 10 ms each way, then its `slicer`,
+/// 16-byte slices with 1 ms after each): 50 events under each, each sent twice in turn by 8
+/// senders at once. The first copy is `accepted` and the second `duplicate`, never a 5xx (the
+/// key store's 2 s response timeout is not tripped by a slow link), and each event is
+/// delivered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
+    const EVENTS: usize = 50;
+    let Some(keys) = Keys::open().await else {
+        return;
+    };
+    let mut card = crate::report::Card::new("T3", "redis");
+    let (proxy, url) = crate::support::proxied(&keys.url, 6379).await;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut options = keys.options("");
+    options.extra_env[0].1 = url;
+    let gateway = Gateway::start_with(&handler, options).await;
+    let mut delivered = Vec::new();
+    for fault in ["latency", "slicer"] {
+        if fault == "latency" {
+            proxy.set_latency(Duration::from_millis(10));
+        } else {
+            proxy.set_latency(Duration::ZERO);
+            proxy.set_slicer(16, Duration::from_millis(1));
+        }
+        let ids: Vec<String> = (0..EVENTS)
+            .map(|i| format!("{}_{i:03}", unique(&format!("evt_{fault}"))))
+            .collect();
+        let mut senders = tokio::task::JoinSet::new();
+        for chunk in ids.chunks(EVENTS.div_ceil(8)) {
+            let (ingest, chunk) = (gateway.ingest(), chunk.to_vec());
+            senders.spawn(async move {
+                for id in chunk {
+                    let body = stripe_invoice_paid(&id, 5000);
+                    for expected in ["accepted", "duplicate"] {
+                        let (status, json) = ingest
+                            .post("stripe", &stripe_headers(&body), body.clone())
+                            .await;
+                        assert_eq!(
+                            (status, json["status"].as_str()),
+                            (200, Some(expected)),
+                            "{id} under {fault}: {json}"
+                        );
+                    }
+                }
+            });
+        }
+        senders.join_all().await;
+        delivered.extend(ids.iter().map(|id| format!("stripe:{id}")));
+        card.fault(fault, 1);
+    }
+    proxy.set_slicer(0, Duration::ZERO);
+    wait_until_within("every event delivered", Duration::from_secs(120), || {
+        delivered.iter().all(|k| handler.count_for(k) >= 1)
+    })
+    .await;
+    let repeated: usize = delivered.iter().map(|k| handler.count_for(k) - 1).sum();
+    assert_eq!(repeated, 0, "no event delivered twice");
+    card.count("ops", 2 * delivered.len())
+        .count("acked", delivered.len())
+        .count("lost", 0)
+        .count("duplicates", repeated)
+        .figure("proxied_connections", proxy.accepted());
+    drop(gateway);
+    keys.clean_up().await;
+}
+
 /// T2 and T3 in Redis-keys mode: a gateway that dies mid-claim, at the crash points
 /// `keys_after_claim_before_store` (its keys leased in Redis, nothing in the store) and
 /// `keys_after_store_before_done` (queued in the store, the keys not marked done), with a 3 s
