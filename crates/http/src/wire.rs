@@ -6,8 +6,8 @@
 //! fuzz target runs it on an in-memory stream, so what it reaches is what a socket reaches.
 //!
 //! A request head hyper cannot parse never reaches the router: hyper answers it itself, with
-//! an empty 400, 414 or 431, and closes the connection. [`Connection`] puts the JSON error
-//! every other refusal carries in place of that empty answer ([`automatic_answer`]), so a
+//! an empty 400, 414 or 431, and closes the connection. `Connection` puts the JSON error
+//! every other refusal carries in place of that empty answer (`automatic_answer`), so a
 //! client reads why, with a stable `code`, as from any other refusal. Such a request is not
 //! kept in history, as a request to a path that names no source is not: nothing in a head
 //! that does not parse can be trusted to name one.
