@@ -227,7 +227,7 @@ impl FaultProxy {
     /// (the bytes up to the limit are passed on, then both sides are closed); `None` ends it
     /// for new connections. Connections open before keep the limit they were accepted with,
     /// so a test that wants every connection cut at the same point closes the open ones
-    /// (`down`, then `up`) after setting it.
+    /// ([`FaultProxy::close_open`]) after setting it.
     pub fn set_limit_data(&self, direction: Direction, bytes: Option<u64>) {
         let limit = match direction {
             Direction::Upstream => &self.toxics.limit_up,
