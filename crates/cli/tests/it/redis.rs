@@ -68,6 +68,16 @@ impl Keys {
         }
     }
 
+    /// A handler answering 200 and a gateway keeping keys here through a fault proxy.
+    async fn behind_proxy(&self) -> (hooklatch_testkit::proxy::FaultProxy, Handler, Gateway) {
+        let (proxy, url) = crate::support::proxied(&self.url, 6379).await;
+        let handler = Handler::start(Behaviour::AlwaysOk).await;
+        let mut options = self.options("");
+        options.extra_env[0].1 = url;
+        let gateway = Gateway::start_with(&handler, options).await;
+        (proxy, handler, gateway)
+    }
+
     fn key(&self, source: &str, event: &str) -> String {
         format!("{}{{{source}}}:{event}", self.prefix)
     }
@@ -630,11 +640,7 @@ async fn redis_outage(fault: &str, cut: impl FnOnce(&hooklatch_testkit::proxy::F
         return;
     };
     let mut card = crate::report::Card::new("T3", "redis");
-    let (proxy, url) = crate::support::proxied(&keys.url, 6379).await;
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let mut options = keys.options("");
-    options.extra_env[0].1 = url;
-    let gateway = Gateway::start_with(&handler, options).await;
+    let (proxy, handler, gateway) = keys.behind_proxy().await;
     let before = gateway
         .send_stripe_event("stripe", "evt_before_outage")
         .await;
@@ -688,11 +694,7 @@ async fn redis_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
         return;
     };
     let mut card = crate::report::Card::new("T3", "redis");
-    let (proxy, url) = crate::support::proxied(&keys.url, 6379).await;
-    let handler = Handler::start(Behaviour::AlwaysOk).await;
-    let mut options = keys.options("");
-    options.extra_env[0].1 = url;
-    let gateway = Gateway::start_with(&handler, options).await;
+    let (proxy, handler, gateway) = keys.behind_proxy().await;
     let mut delivered = Vec::new();
     for fault in ["latency", "slicer"] {
         if fault == "latency" {
