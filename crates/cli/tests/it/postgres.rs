@@ -731,10 +731,11 @@ async fn postgres_on_a_slow_link_claims_each_event_once_and_delivers_it_once() {
 
 /// T3, a PostgreSQL connection cut at any byte (the fault proxy's `limit_data`). The test
 /// first measures the bytes each way of one ingest on fresh connections (the most one
-/// connection carried), then sweeps a data limit across that span and half as far again, upstream and then downstream: every connection the gateway opens
-/// is closed once that many bytes have passed that way on it — inside its start-up, a
-/// statement, or the answer to one, a commit's included — while one new event is sent. The
-/// answer is 200 or 503 `store_unavailable` with `Retry-After`, nothing else; once the limit
+/// connection carried), then sweeps a data limit across that span and half as far again,
+/// upstream and then downstream, each cut at a point of its step drawn from the card's seed:
+/// every connection the gateway opens is closed once that many bytes have passed that way on
+/// it — inside its start-up, a statement, or the answer to one, a commit's included — while
+/// one new event is sent. The answer is 200 or 503 `store_unavailable` with `Retry-After`, nothing else; once the limit
 /// is lifted, the provider's retry is 200, and `duplicate` whenever the first answer was 200
 /// (an acknowledged event is stored). At the end each event has one claim and one outbox row
 /// in the database and is delivered. A 503 whose retry says `duplicate` is the cut that fell
