@@ -9,7 +9,8 @@
 //! timeout); what the server writes parses as HTTP/1.1 answers; none is a 5xx but hyper's own
 //! `505` to a version it does not speak; every answer with a body to a refusal (4xx) is the
 //! JSON error body (`{"code": …, "message": …}`); and when the client sent only well-formed
-//! requests (the [`Piece::Request`] pieces, framed by `Content-Length` or chunked), the answer
+//! requests (the [`Piece::Request`] pieces, framed by `Content-Length` or chunked), every
+//! refusal has that body (none of them is a `HEAD`, whose answers carry none), and the answer
 //! to each names a request that history keeps with the method, path and body it was sent.
 
 use std::net::SocketAddr;
@@ -63,7 +64,7 @@ pub enum Piece<'a> {
 }
 
 /// A well-formed request: a valid request line (HTTP/1.1 or 1.0, or now and then
-/// `HTTP/2.0`, which hyper's parser refuses with an empty 400), only valid header names and
+/// `HTTP/2.0`, which hyper's parser refuses with a 400), only valid header names and
 /// values (none that frames the message), and a body framed as `chunked` says.
 #[derive(Arbitrary, Debug)]
 pub struct Request<'a> {
@@ -331,6 +332,11 @@ pub fn run(input: &Input<'_>) {
         }
         if well_formed {
             assert!(answers.len() <= sent.len(), "more answers than requests");
+            // None of these requests is a HEAD, so every refusal carries its JSON body,
+            // hyper's own answer to an `HTTP/2.0` request line included.
+            for answer in answers.iter().filter(|a| a.status >= 400) {
+                assert!(!answer.body.is_empty(), "an empty {} answer", answer.status);
+            }
             for (answer, sent) in answers.iter().zip(&sent) {
                 let Some(id) = request_id(answer).filter(|_| sent.complete) else {
                     continue;
