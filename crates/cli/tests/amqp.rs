@@ -611,8 +611,8 @@ async fn a_broker_silent_then_cut_off_is_retried_until_it_answers_and_the_event_
 
 /// The broker's connection reset by the network in the middle of a burst, then the link made
 /// slow (RELIABILITY.md T10, Toxiproxy's `reset_peer`, `latency` and `slicer`): every event
-/// lands in the queue keyed by its event; the reset may repeat only the publishes it left unconfirmed,
-/// at most one per delivery in flight, and the slow link repeats none.
+/// lands in the queue keyed by its event; the reset may repeat only the publishes it left
+/// unconfirmed, at most one per delivery in flight, and the slow links repeat none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_broker_connection_and_a_slow_link_lose_no_event() {
     let Some(url) = broker_url() else { return };

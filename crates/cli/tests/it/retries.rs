@@ -397,9 +397,9 @@ async fn a_slow_link_to_the_destination_is_slow_within_the_timeout_and_retried_p
 /// The destination's answer torn at any byte (the fault proxy's `limit_data`, downstream):
 /// the test measures one whole answer through the proxy, then cuts it at every byte, one new
 /// event per cut, each connection the gateway opens closed once that many bytes of the answer
-/// have passed. The handler answers 200 with no body, so its whole answer is a
-/// head: an answer cut anywhere before its last byte is never counted as delivered (the
-/// attempt fails and is retried), and the whole one is. Once the limit is lifted every event
+/// have passed. The handler answers 200 with no body, so its whole answer is a head: an
+/// answer cut anywhere before its last byte is never counted as delivered (the attempt fails
+/// and is retried), and the whole one is. Once the limit is lifted every event
 /// is delivered, every copy the handler got carrying its event's key and body byte-exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_torn_at_any_byte_is_retried_and_never_lost() {
