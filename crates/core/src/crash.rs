@@ -3,11 +3,11 @@
 //!
 //! With the `failpoints` feature (on only in the binary the tests build) a point named in the
 //! `FAILPOINTS` environment variable as `name=return` aborts the process there: no destructor,
-//! no flush, no answer. The ingest points ([`fallible`]) also take `name=return(error)`: the
-//! request then fails there as it would with the store away; they and the Redis-keys points
-//! ([`paused`]) take `name=return(pause:MS)`: the request waits there MS milliseconds at an
-//! await, where a provider hanging up drops it (the `fail` crate's `sleep` blocks the thread
-//! instead, so nothing is dropped during it). The `fail` crate's own actions work on every
+//! no flush, no answer. The ingest points and the worker's record points ([`fallible`]) also
+//! take `name=return(error)`: the request (or the record) then fails there as it would with
+//! the store away; they and the Redis-keys points ([`paused`]) take `name=return(pause:MS)`:
+//! the request waits there MS milliseconds at an await, where a provider hanging up drops it
+//! (the `fail` crate's `sleep` blocks the thread instead, so nothing is dropped during it). The `fail` crate's own actions work on every
 //! point too, and a count (`name=1*return`) fires it only that many times. Without the
 //! feature, the points compile to nothing and `FAILPOINTS` is not read.
 
@@ -22,10 +22,17 @@ pub const POINTS: &[&str] = &[
     WORKER_AFTER_2XX_BEFORE_RECORD,
     WORKER_AFTER_PUBLISH_BEFORE_RECORD,
     WORKER_BEFORE_DEAD_LETTER,
+    WORKER_RECORD_BEFORE_STORE,
+    WORKER_RECORD_AFTER_STORE,
 ];
 
-/// The points that take `return(error)` as well as `return` ([`fallible`]).
+/// Ingest's points that take `return(error)` as well as `return` ([`fallible`]).
 pub const FALLIBLE_POINTS: &[&str] = &[INGEST_BEFORE_COMMIT, INGEST_AFTER_COMMIT_BEFORE_ANSWER];
+
+/// The worker's points that take `return(error)` as well as `return` ([`fallible`]): an
+/// attempt's record failing before it reaches the store, or after it committed.
+pub const WORKER_FALLIBLE_POINTS: &[&str] =
+    &[WORKER_RECORD_BEFORE_STORE, WORKER_RECORD_AFTER_STORE];
 
 /// Ingest verified the request and is about to write it.
 pub const INGEST_BEFORE_COMMIT: &str = "ingest_before_commit";
@@ -47,6 +54,10 @@ pub const WORKER_AFTER_2XX_BEFORE_RECORD: &str = "worker_after_2xx_before_record
 pub const WORKER_AFTER_PUBLISH_BEFORE_RECORD: &str = "worker_after_publish_before_record";
 /// An attempt failed for good; its move to the dead-letter is not recorded.
 pub const WORKER_BEFORE_DEAD_LETTER: &str = "worker_before_dead_letter";
+/// An attempt's record is about to be sent to the store.
+pub const WORKER_RECORD_BEFORE_STORE: &str = "worker_record_before_store";
+/// The store committed an attempt's record; the worker has not heard its answer.
+pub const WORKER_RECORD_AFTER_STORE: &str = "worker_record_after_store";
 
 /// Aborts the process here when `FAILPOINTS` names `name` (with the `failpoints` feature).
 #[inline]

@@ -412,6 +412,28 @@ pub struct AttemptResult {
     pub error: Option<String>,
     /// What happens next.
     pub next: AttemptNext,
+    /// This attempt's own token ([`AttemptToken::random`], drawn once per attempt): recording
+    /// the attempt again with the same token changes nothing, so a worker that did not hear
+    /// whether its record committed may send it again.
+    pub token: AttemptToken,
+}
+
+/// What makes an attempt's record idempotent. The store keeps the token of the last attempt
+/// recorded on each delivery, beside the row it moves: a record whose token is the row's
+/// already is a repeat (its first commit's answer was lost, or came too late) and is neither
+/// counted, numbered nor kept again. The check sits on the delivery's row, under the lock the
+/// update takes, so a repeat racing its first (a statement still running on a connection the
+/// worker gave up on) is caught too. It compares with the last token only: a repeat arriving
+/// after another worker's attempt on the same delivery was recorded (two workers on one
+/// delivery at once, a lease that ran out mid-attempt) is counted again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttemptToken(pub i64);
+
+impl AttemptToken {
+    /// A fresh random token.
+    pub fn random() -> AttemptToken {
+        AttemptToken(rand::random())
+    }
 }
 
 /// The delivery's state after an attempt.

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use hooklatch_core::provider::standard_webhooks::{decode_secret, sign_v1};
 use hooklatch_core::retry::{parse_retry_after, NextAttempt};
 use hooklatch_core::store::{
-    AttemptNext, AttemptResult, DisabledDestination, LeasedDelivery, HELD,
+    AttemptNext, AttemptResult, AttemptToken, DisabledDestination, LeasedDelivery, HELD,
 };
 use hooklatch_core::{crash, Store, StoreError, Timestamp};
 use tokio::sync::Notify;
@@ -68,17 +68,55 @@ const DROPPED_HEADERS: &[&str] = &[
     "webhook-signature",
 ];
 
-/// An attempt being recorded with the task's next lease ([`Store::record_attempt_and_lease`]).
-type Recording<'a> =
-    Pin<Box<dyn Future<Output = Result<Option<LeasedDelivery>, StoreError>> + Send + 'a>>;
+/// An attempt being recorded with the task's next lease ([`Worker::record_and_lease`]).
+type Recording<'a> = Pin<Box<dyn Future<Output = Recorded> + Send + 'a>>;
 
-/// The lease a recorded attempt brought, if any; a failure to record is logged: the lease runs
-/// out and the delivery is attempted again, with the same key.
-fn leased(recorded: Result<Option<LeasedDelivery>, StoreError>) -> Option<LeasedDelivery> {
-    recorded.unwrap_or_else(|err| {
-        tracing::warn!(%err, "could not record a delivery attempt");
-        None
-    })
+/// What recording an attempt came to.
+enum Recorded {
+    /// The store's answer to the first try: recorded, with the task's next lease if a
+    /// delivery was due.
+    Leased(Option<Box<LeasedDelivery>>),
+    /// Recorded by a later try, without a lease (or found recorded already: the first try's
+    /// commit happened and its answer was lost). Whether more is due is not known.
+    Again,
+    /// Every try failed (logged): the lease runs out and the delivery is attempted again, with
+    /// the same key.
+    Failed,
+}
+
+/// The pauses before each new try to record an attempt whose record failed (a connection
+/// that broke, the store briefly away): from 100 ms, doubling up to 5 s, for as long as they
+/// add up to half of `lease` — a lease is at least twice the longest attempt plus 10 s, so
+/// the tries end well before the delivery could be leased again (with the default 30 s
+/// timeout, 11 tries over 31.3 s). Each try carries the attempt's token ([`AttemptToken`]),
+/// so a try whose first did commit changes nothing. If none is answered, the delivery goes
+/// out again once its lease runs out, as it would without them.
+fn record_again_after(lease: Duration) -> impl Iterator<Item = Duration> {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MOST: Duration = Duration::from_secs(5);
+    let budget = lease / 2;
+    let pauses = std::iter::successors(Some(FIRST), |p| Some((*p * 2).min(MOST)));
+    pauses
+        .scan(Duration::ZERO, move |spent, pause| {
+            *spent += pause;
+            (*spent <= budget).then_some(pause)
+        })
+        .fuse()
+}
+
+/// The first try to record an attempt: the store `write` (not started until awaited), between
+/// the record's two failpoints (tests only; without the `failpoints` feature, the write
+/// alone): one fails before the write as a store away would, the other after it, as an
+/// answer lost after the commit would.
+async fn first_try<T>(write: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    let pause =
+        crash::fallible(crash::WORKER_RECORD_BEFORE_STORE).map_err(StoreError::Unavailable)?;
+    if let Some(pause) = pause {
+        tokio::time::sleep(pause).await;
+    }
+    let answer = write.await?;
+    crash::fallible(crash::WORKER_RECORD_AFTER_STORE).map_err(StoreError::Unavailable)?;
+    Ok(answer)
 }
 
 /// The dispatcher's settings.
@@ -396,9 +434,7 @@ impl Worker {
             // the store: it asks again.
             let retry = matches!(result.next, AttemptNext::RetryAt(_));
             let held = held.filter(|_| matches!(result.next, AttemptNext::Wait(_)));
-            let record = self
-                .store
-                .record_attempt_and_lease(result, Timestamp::now(), self.lease);
+            let record = self.record_and_lease(result);
             recording = Some(Box::pin(async move {
                 let recorded = record.await;
                 if retry {
@@ -418,17 +454,62 @@ impl Worker {
         }
     }
 
-    /// The lease a recorded attempt brought, if any (see [`leased`]). The store answering
-    /// with none tells that nothing else is due: new events may be handed over; answering
-    /// with one, that there may be more.
-    fn next_lease(
-        &self,
-        recorded: Result<Option<LeasedDelivery>, StoreError>,
-    ) -> Option<LeasedDelivery> {
-        if let Ok(next) = &recorded {
-            self.handoff.set_caught_up(next.is_none());
+    /// The lease a recorded attempt brought, if any. The store answering with none tells
+    /// that nothing else is due: new events may be handed over; answering with one, that
+    /// there may be more.
+    fn next_lease(&self, recorded: Recorded) -> Option<LeasedDelivery> {
+        match recorded {
+            Recorded::Leased(next) => {
+                self.handoff.set_caught_up(next.is_none());
+                next.map(|next| *next)
+            }
+            Recorded::Again | Recorded::Failed => None,
         }
-        leased(recorded)
+    }
+
+    /// Records an attempt with the task's next lease in one store write; if that write fails,
+    /// records the attempt alone, again, until the store takes it ([`record_again_after`]).
+    async fn record_and_lease(&self, result: AttemptResult) -> Recorded {
+        let again = result.clone();
+        let write = self
+            .store
+            .record_attempt_and_lease(result, Timestamp::now(), self.lease);
+        match first_try(write).await {
+            Ok(next) => Recorded::Leased(next.map(Box::new)),
+            Err(err) => self.record_again(again, err).await,
+        }
+    }
+
+    /// Records an attempt alone, as the task's last (shutdown), trying again as
+    /// [`Worker::record_and_lease`] does.
+    async fn record(&self, result: AttemptResult) {
+        let again = result.clone();
+        if let Err(err) = first_try(self.store.record_attempt(result)).await {
+            self.record_again(again, err).await;
+        }
+    }
+
+    /// The tries after a failed record, each after its pause ([`record_again_after`]).
+    async fn record_again(&self, result: AttemptResult, err: StoreError) -> Recorded {
+        tracing::warn!(%err, delivery = %result.delivery, "could not record a delivery attempt; trying again");
+        let mut last = err;
+        for pause in record_again_after(self.lease) {
+            tokio::time::sleep(pause).await;
+            match self.store.record_attempt(result.clone()).await {
+                Ok(()) => {
+                    metrics::counter!("hooklatch_attempt_record_retries_total", "outcome" => "recorded")
+                        .increment(1);
+                    tracing::info!(delivery = %result.delivery, "delivery attempt recorded on a later try");
+                    return Recorded::Again;
+                }
+                Err(err) => last = err,
+            }
+        }
+        metrics::counter!("hooklatch_attempt_record_retries_total", "outcome" => "gave_up")
+            .increment(1);
+        // The lease runs out and the delivery is attempted again, with the same key.
+        tracing::warn!(err = %last, delivery = %result.delivery, "could not record a delivery attempt; it will be attempted again when its lease runs out");
+        Recorded::Failed
     }
 
     /// One attempt; returns what to record.
@@ -561,6 +642,7 @@ impl Worker {
             status,
             error,
             next,
+            token: AttemptToken::random(),
         }
     }
 
@@ -605,13 +687,7 @@ impl Worker {
             status: None,
             error,
             next,
-        }
-    }
-
-    async fn record(&self, result: AttemptResult) {
-        if let Err(err) = self.store.record_attempt(result).await {
-            // The lease runs out and the delivery is attempted again, with the same key.
-            tracing::warn!(%err, "could not record a delivery attempt");
+            token: AttemptToken::random(),
         }
     }
 
@@ -786,6 +862,25 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
+
+    /// The tries to record an attempt again double from 100 ms up to 5 s, and stop before
+    /// half the lease has passed.
+    #[test]
+    fn a_failed_record_is_tried_again_within_half_the_lease() {
+        let ms = |lease: u64| -> Vec<u128> {
+            record_again_after(Duration::from_secs(lease))
+                .map(|p| p.as_millis())
+                .collect()
+        };
+        // The default 30 s timeout: a 70 s lease.
+        assert_eq!(
+            ms(70),
+            [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000, 5000, 5000]
+        );
+        assert_eq!(ms(70).iter().sum::<u128>(), 31_300);
+        // Shorter than any lease can be (10 s plus twice a timeout).
+        assert_eq!(ms(10), [100, 200, 400, 800, 1600]);
+    }
 
     /// A [`MemoryStore`] whose `record_attempt_and_lease` commits only when the test lets it:
     /// a store whose commit is slow.

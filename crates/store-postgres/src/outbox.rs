@@ -111,13 +111,17 @@ fn leased_delivery(r: &sqlx::postgres::PgRow) -> Result<LeasedDelivery, sqlx::Er
 const MOVABLE: &str = "(state = 'pending' AND (lease_owner IS NULL OR lease_owner = $2))";
 
 /// The attempt's row update, as a CTE `moved`: counts the attempt in `total_attempts` even when
-/// it may not move the row, and moves the row only when [`MOVABLE`].
+/// it may not move the row, and moves the row only when [`MOVABLE`]; and none of it when the
+/// row's last recorded attempt had this one's token, `$10` (a repeat: `AttemptToken`). That
+/// test reads the row's latest version too: a repeat that waited for its first's lock finds
+/// the first's token.
 static MOVED: LazyLock<String> = LazyLock::new(|| {
     let m = MOVABLE;
     format!(
         "moved AS (
             UPDATE deliveries SET
                 total_attempts = total_attempts + 1,
+                attempt_token = $10,
                 state = CASE WHEN {m} THEN $3 ELSE state END,
                 attempts = CASE WHEN {m} THEN attempts + 1 ELSE attempts END,
                 next_attempt_at = CASE WHEN {m} THEN COALESCE($4, next_attempt_at)
@@ -126,7 +130,7 @@ static MOVED: LazyLock<String> = LazyLock::new(|| {
                 lease_until = CASE WHEN {m} THEN NULL ELSE lease_until END,
                 last_error = CASE WHEN {m} THEN COALESCE($5, last_error) ELSE last_error END,
                 updated_at = CASE WHEN {m} THEN $6 ELSE updated_at END
-            WHERE id = $1
+            WHERE id = $1 AND attempt_token IS DISTINCT FROM $10
             RETURNING id, total_attempts)"
     )
 });
@@ -144,13 +148,13 @@ static RECORD_ATTEMPT: LazyLock<String> =
 /// Records an attempt, moves its delivery, and leases the worker's next due delivery, in one
 /// statement (one round trip instead of two). The sub-statements share one snapshot, in which
 /// the attempt's own delivery is still leased (so not due); it is also excluded by id, since
-/// one statement must not update a row twice. `$10`: the new lease's end, `$11`: now.
+/// one statement must not update a row twice. `$11`: the new lease's end, `$12`: now.
 static RECORD_ATTEMPT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH {moved}, recorded AS ({INSERT_ATTEMPT}), {due}, {leased}",
         moved = *MOVED,
-        due = due(11, "1", "AND id <> $1"),
-        leased = leased(2, 10)
+        due = due(12, "1", "AND id <> $1"),
+        leased = leased(2, 11)
     )
 });
 
@@ -204,7 +208,7 @@ fn next_state(result: &AttemptResult) -> (DeliveryState, Option<i64>) {
     }
 }
 
-/// Binds an attempt's `$1`–`$9` (see [`MOVED`] and [`INSERT_ATTEMPT`]).
+/// Binds an attempt's `$1`–`$10` (see [`MOVED`] and [`INSERT_ATTEMPT`]).
 fn bind_attempt<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     result: &'q AttemptResult,
@@ -221,6 +225,7 @@ fn bind_attempt<'q>(
         .bind(result.started_at.0)
         .bind(result.status.map(i32::from))
         .bind(i64::try_from(result.latency.as_millis()).unwrap_or(i64::MAX))
+        .bind(result.token.0)
 }
 
 pub(crate) async fn record_attempt(
@@ -278,6 +283,7 @@ pub(crate) async fn record_attempts_and_lease_many(
     let mut latency_ms = Vec::with_capacity(n);
     let mut until = Vec::with_capacity(n);
     let mut waits = Vec::with_capacity(n);
+    let mut tokens = Vec::with_capacity(n);
     for (result, now, lease) in attempts {
         let (moved_to, at) = next_state(result);
         let wait = matches!(result.next, AttemptNext::Wait(_));
@@ -294,6 +300,7 @@ pub(crate) async fn record_attempts_and_lease_many(
                 .map(|e| ingest::text(e).into_owned()),
         );
         waits.push(wait);
+        tokens.push(result.token.0);
         updated_at.push(result.started_at.plus(result.latency).0);
         started_at.push(result.started_at.0);
         status.push(result.status.map(i32::from));
@@ -315,6 +322,7 @@ pub(crate) async fn record_attempts_and_lease_many(
         .bind(now)
         .bind(n as i64)
         .bind(&waits)
+        .bind(&tokens)
         .fetch_all(&mut *conn)
         .await?;
     let mut leased: Vec<Option<LeasedDelivery>> = (0..n).map(|_| None).collect();
@@ -330,8 +338,8 @@ pub(crate) async fn record_attempts_and_lease_many(
 /// The statement of [`record_attempts_and_lease_many`]: [`MOVED`] and [`INSERT_ATTEMPT`] over
 /// arrays (`$1`–`$9` as there, one element per attempt; `$10` each lease's end; `$13` whether
 /// it is a [`AttemptNext::Wait`], which moves its row as [`WAITED`] does and is neither
-/// counted nor recorded), then up to `$12` due rows (by `$11`, now) numbered and leased to
-/// the attempts' owners in order.
+/// counted nor recorded; `$14` each attempt's token, whose repeat changes nothing), then up
+/// to `$12` due rows (by `$11`, now) numbered and leased to the attempts' owners in order.
 ///
 /// `d.id = ANY($1)` beside the join with the arrays lets the planner walk the primary key:
 /// without it, the join was planned as a scan of the whole table once the table grew, and a
@@ -343,13 +351,14 @@ static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
         "WITH u AS (
             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[],
                 $5::text[], $6::bigint[], $7::bigint[], $8::int[], $9::bigint[], $10::bigint[],
-                $13::bool[])
+                $13::bool[], $14::bigint[])
                 WITH ORDINALITY AS u (delivery, owner, state, next_at, error, updated_at,
-                    started_at, status, latency_ms, until, wait, k)),
+                    started_at, status, latency_ms, until, wait, token, k)),
          moved AS (
             UPDATE deliveries d SET
                 total_attempts = CASE WHEN u.wait THEN d.total_attempts
                     ELSE d.total_attempts + 1 END,
+                attempt_token = CASE WHEN u.wait THEN d.attempt_token ELSE u.token END,
                 state = CASE WHEN {m} THEN u.state ELSE d.state END,
                 attempts = CASE WHEN {m} AND NOT u.wait THEN d.attempts + 1 ELSE d.attempts END,
                 next_attempt_at = CASE WHEN {m} THEN COALESCE(u.next_at, d.next_attempt_at)
@@ -360,6 +369,7 @@ static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
                     ELSE d.last_error END,
                 updated_at = CASE WHEN {m} THEN u.updated_at ELSE d.updated_at END
             FROM u WHERE d.id = u.delivery AND d.id = ANY($1)
+              AND (u.wait OR d.attempt_token IS DISTINCT FROM u.token)
             RETURNING d.id, d.total_attempts, u.k),
          recorded AS (
             INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)

@@ -179,6 +179,12 @@ ALTER TABLE requests ADD COLUMN decision TEXT,
 CREATE TABLE room_probe (pad TEXT NOT NULL);
 ALTER TABLE room_probe ALTER COLUMN pad SET STORAGE EXTERNAL;
 "#,
+    // 9: as in the SQLite store, the token of the last attempt recorded on each delivery, so
+    // that recording an attempt again changes nothing (`hooklatch_core::store::AttemptToken`).
+    // No default: adding the column rewrites nothing.
+    r#"
+ALTER TABLE deliveries ADD COLUMN attempt_token BIGINT;
+"#,
 ];
 
 /// The schema version this build writes.

@@ -74,8 +74,14 @@ struct HeldWriter {
 
 impl HeldWriter {
     async fn hold(db: &TestDb, store: &PostgresStore) -> HeldWriter {
-        let raw = hold_claim(db, "evt_x", BODY, 777).await;
-        let blocked = spawn_ingest(store, "evt_x");
+        HeldWriter::hold_on(db, store, "evt_x").await
+    }
+
+    /// [`HeldWriter::hold`] on the claim of `key` (a writer held twice needs two keys: the
+    /// first ingest it blocked claims its key once let go).
+    async fn hold_on(db: &TestDb, store: &PostgresStore, key: &str) -> HeldWriter {
+        let raw = hold_claim(db, key, BODY, 777).await;
+        let blocked = spawn_ingest(store, key);
         assert_eq!(lock_wait(db).await.0, "Lock");
         HeldWriter { raw, blocked }
     }
@@ -902,13 +908,16 @@ async fn attempts_in_one_batched_statement_each_record_and_lease_a_row_of_their_
         first.push(leased.into_iter().next().expect("a due delivery"));
     }
 
-    let held = HeldWriter::hold(&db, &store).await;
-    let tasks: Vec<_> = first
+    let results: Vec<_> = first
         .iter()
         .enumerate()
-        .map(|(w, leased)| {
-            let store = store.clone();
-            let result = attempt_by(&format!("w{w}"), leased.id, at(3), AttemptNext::Delivered);
+        .map(|(w, leased)| attempt_by(&format!("w{w}"), leased.id, at(3), AttemptNext::Delivered))
+        .collect();
+    let held = HeldWriter::hold(&db, &store).await;
+    let tasks: Vec<_> = results
+        .iter()
+        .map(|result| {
+            let (store, result) = (store.clone(), result.clone());
             tokio::spawn(async move { store.record_attempt_and_lease(result, at(4), lease).await })
         })
         .collect();
@@ -946,6 +955,41 @@ async fn attempts_in_one_batched_statement_each_record_and_lease_a_row_of_their_
     let rest: BTreeSet<DeliveryId> = rest.iter().map(|d| d.id).collect();
     assert!(rest.is_disjoint(&next), "{rest:?} / {next:?}");
     assert_eq!(rest.len(), deliveries.len() - attempted.len() - next.len());
+
+    // The same four records again, in one statement (workers that did not hear whether their
+    // first committed): their tokens make them repeats, which count and move nothing; the
+    // lease half still runs (what it finds due is the held writer's own ingest, evt_y).
+    let held = HeldWriter::hold_on(&db, &store, "evt_y").await;
+    let repeats: Vec<_> = results
+        .iter()
+        .map(|result| {
+            let (store, result) = (store.clone(), result.clone());
+            tokio::spawn(async move { store.record_attempt_and_lease(result, at(6), lease).await })
+        })
+        .collect();
+    held.release().await;
+    let mut again = BTreeSet::new();
+    for task in repeats {
+        if let Some(leased) = task.await.expect("repeat task").expect("a repeat") {
+            assert!(
+                !attempted.contains(&leased.id),
+                "{:?} was attempted",
+                leased.id
+            );
+            assert!(again.insert(leased.id), "{:?} leased twice", leased.id);
+        }
+    }
+    for d in all_deliveries(&store).await {
+        if attempted.contains(&d.id) {
+            assert_eq!(d.state, DeliveryState::Delivered, "{:?}", d.id);
+            assert_eq!(
+                (d.attempts, d.history.len()),
+                (1, 1),
+                "{:?}: a repeat is not counted",
+                d.id
+            );
+        }
+    }
 }
 
 /// Waits ([`AttemptNext::Wait`]) in a batch of attempts, in the batched statement and, when
@@ -1684,6 +1728,7 @@ fn attempt_by(
         }),
         error: (next != AttemptNext::Delivered).then(|| "HTTP 500".to_owned()),
         next,
+        token: hooklatch_core::store::AttemptToken::random(),
     }
 }
 

@@ -123,12 +123,14 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
                 next_at,
                 result.error,
                 now.0,
-                result.owner
+                result.owner,
+                result.token.0
             ],
             |r| r.get(0),
         )
         .optional()?;
-    // A delivery purged meanwhile has nothing to record against.
+    // A delivery purged meanwhile has nothing to record against, and a repeat of the attempt
+    // recorded last nothing to add.
     let Some(number) = number else {
         return Ok(());
     };
@@ -157,9 +159,11 @@ macro_rules! attempt_moves {
 }
 
 /// [`record_attempt`]'s update: `?1` the delivery, `?2` its new state, `?3` the next attempt's
-/// time (kept when `NULL`), `?4` the error (kept when `NULL`), `?5` now, `?6` the owner.
+/// time (kept when `NULL`), `?4` the error (kept when `NULL`), `?5` now, `?6` the owner, `?7`
+/// the attempt's token: a row whose last recorded attempt had this token already is left as it
+/// is ([`hooklatch_core::store::AttemptToken`]).
 const RECORD_ATTEMPT: &str = concat!(
-    "UPDATE deliveries SET total_attempts = total_attempts + 1, ",
+    "UPDATE deliveries SET total_attempts = total_attempts + 1, attempt_token = ?7, ",
     "state = CASE WHEN ",
     attempt_moves!(),
     " THEN ?2 ELSE state END, ",
@@ -181,7 +185,7 @@ const RECORD_ATTEMPT: &str = concat!(
     "updated_at = CASE WHEN ",
     attempt_moves!(),
     " THEN ?5 ELSE updated_at END ",
-    "WHERE id = ?1 RETURNING total_attempts"
+    "WHERE id = ?1 AND attempt_token IS NOT ?7 RETURNING total_attempts"
 );
 
 /// A delivery that was not attempted ([`AttemptNext::Wait`]): `?1` the delivery, due again at

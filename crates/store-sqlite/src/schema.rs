@@ -149,6 +149,12 @@ ALTER TABLE requests ADD COLUMN decision_reason TEXT;
     r#"
 CREATE TABLE room_probe (pad BLOB NOT NULL);
 "#,
+    // 9: the token of the last attempt recorded on each delivery, so that recording an attempt
+    // again (a worker that did not hear whether its record committed) changes nothing
+    // (`hooklatch_core::store::AttemptToken`). Rows written before have none.
+    r#"
+ALTER TABLE deliveries ADD COLUMN attempt_token INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.

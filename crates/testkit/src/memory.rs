@@ -9,11 +9,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use hooklatch_core::store::{
-    redelivery_key, verdict_of, AttemptNext, AttemptRecord, AttemptResult, Claim, ConflictAction,
-    ConflictDecision, DeliveryDetail, DeliveryFilter, DeliveryState, DisabledDestination,
-    Dismissal, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent, Purged, Redelivery,
-    Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary, StoreStats,
-    Verdict, HELD,
+    redelivery_key, verdict_of, AttemptNext, AttemptRecord, AttemptResult, AttemptToken, Claim,
+    ConflictAction, ConflictDecision, DeliveryDetail, DeliveryFilter, DeliveryState,
+    DisabledDestination, Dismissal, Ingest, IngestOutcome, KeyDecision, LeasedDelivery, NewEvent,
+    Purged, Redelivery, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord,
+    RequestSummary, StoreStats, Verdict, HELD,
 };
 use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, Store, StoreError, Timestamp};
 
@@ -83,6 +83,8 @@ struct StoredDelivery {
     last_error: Option<String>,
     /// Every attempt over the delivery's life, numbered from 1.
     history: Vec<AttemptRecord>,
+    /// The token of the last attempt recorded ([`AttemptToken`]).
+    last_token: Option<AttemptToken>,
 }
 
 struct Lease {
@@ -198,6 +200,7 @@ impl State {
                     }),
                     last_error: None,
                     history: Vec::new(),
+                    last_token: None,
                 },
             );
             deliveries.push(DeliveryId(self.last_delivery_id));
@@ -321,6 +324,11 @@ impl State {
                 return;
             }
         };
+        // A repeat of the last attempt recorded (its first record's answer was lost).
+        if delivery.last_token == Some(result.token) {
+            return;
+        }
+        delivery.last_token = Some(result.token);
         delivery.history.push(AttemptRecord {
             number: delivery.history.len() as u32 + 1,
             started_at: result.started_at,
@@ -522,6 +530,7 @@ impl State {
                         lease: None,
                         last_error: None,
                         history: Vec::new(),
+                        last_token: None,
                     },
                 );
                 queued.push(DeliveryId(self.last_delivery_id));

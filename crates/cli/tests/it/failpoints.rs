@@ -21,7 +21,7 @@ use hooklatch_core::crash;
 use serde_json::Value;
 
 use crate::support::{
-    stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler, Options,
+    eventually, stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler, Options,
 };
 
 /// What a crash at a point leaves, as the provider and the application see it.
@@ -122,6 +122,22 @@ const CASES: &[Case] = &[
         // made again after the restart, fails again, and this time lands there.
         deliveries: 2..=2,
         app: App::FailingWithOneAttempt,
+    },
+    Case {
+        point: crash::WORKER_RECORD_BEFORE_STORE,
+        answered: None,
+        retry_answer: "duplicate",
+        // As after the 2xx: sent, and its record never reached the store.
+        deliveries: 2..=2,
+        app: App::Healthy,
+    },
+    Case {
+        point: crash::WORKER_RECORD_AFTER_STORE,
+        answered: None,
+        retry_answer: "duplicate",
+        // The record committed before the crash: nothing is attempted again.
+        deliveries: 1..=1,
+        app: App::Healthy,
     },
 ];
 
@@ -239,20 +255,27 @@ async fn crash_matrix(backend: &str, store_url: impl Fn() -> Option<String>) {
         .count("dlq", dead_lettered);
 }
 
+/// A fresh gateway on the store `store_url` gives, whose `point` fails once
+/// (`<point>=1*return(error)`), and the application behind it, answering 2xx.
+async fn failing_once(point: &str, store_url: Option<String>) -> (Handler, Gateway) {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        Options {
+            store_url,
+            extra_env: vec![("FAILPOINTS".to_owned(), format!("{point}=1*return(error)"))],
+            ..Options::default()
+        },
+    )
+    .await;
+    (handler, gw)
+}
+
 /// Each of ingest's points failing once on a fresh gateway whose store `store_url` gives.
 async fn ingest_failures(backend: &str, store_url: impl Fn() -> Option<String>) {
     let mut card = crate::report::Card::new("T3", backend);
     for &point in crash::FALLIBLE_POINTS {
-        let handler = Handler::start(Behaviour::AlwaysOk).await;
-        let gw = Gateway::start_with(
-            &handler,
-            Options {
-                store_url: store_url(),
-                extra_env: vec![("FAILPOINTS".to_owned(), format!("{point}=1*return(error)"))],
-                ..Options::default()
-            },
-        )
-        .await;
+        let (handler, gw) = failing_once(point, store_url()).await;
         let event_id = unique("evt_fail");
         let body = stripe_invoice_paid(&event_id, 5000);
         let headers = stripe_headers(&body);
@@ -304,6 +327,48 @@ async fn the_retry_lands_once(
 fn one_retry_each(card: &mut crate::report::Card) {
     let n = crash::FALLIBLE_POINTS.len();
     card.count("ops", 2 * n)
+        .count("acked", n)
+        .count("lost", 0)
+        .count("duplicates", 0);
+}
+
+/// Each of the worker's record points failing once on a fresh gateway whose store
+/// `store_url` gives: before the record reached the store (the store
+/// away), or after it committed (its answer lost). The worker records the attempt again, and
+/// the token it carries makes a record that did commit count once: the event is delivered
+/// once, recorded delivered with one attempt, and the gateway counts one record made again —
+/// without the later tries, the delivery would stay leased and go out again when its lease
+/// ran out; without the token, the repeat would keep a second attempt in its history.
+async fn record_failures(backend: &str, store_url: impl Fn() -> Option<String>) {
+    let mut card = crate::report::Card::new("T3", backend);
+    for &point in crash::WORKER_FALLIBLE_POINTS {
+        let (handler, gw) = failing_once(point, store_url()).await;
+        let key = gw.send_stripe_event("stripe", "evt_record").await;
+        gw.wait_for_delivery_state(&key, "delivered").await;
+        assert_eq!(handler.count_for(&key), 1, "{point}: delivered once");
+        // After a record that committed, the delivery reads delivered before the record is
+        // made again: wait for that, then look.
+        eventually(&format!("{point}: the record made again"), async || {
+            gw.metric(r#"hooklatch_attempt_record_retries_total{outcome="recorded"}"#)
+                .await
+                == 1.0
+        })
+        .await;
+        let rows = gw.deliveries_for(&key).await;
+        assert_eq!(rows.len(), 1, "{point}: one outbox row");
+        assert_eq!(rows[0]["state"], "delivered", "{point}: {:#}", rows[0]);
+        let history = rows[0]["history"].as_array().expect("the attempts");
+        assert_eq!(
+            (rows[0]["attempts"].as_u64(), history.len()),
+            (Some(1), 1),
+            "{point}: one attempt counted and kept: {:#}",
+            rows[0]
+        );
+        assert_eq!(handler.count_for(&key), 1, "{point}: and no more");
+        card.fault(&format!("{point}_error"), 1);
+    }
+    let n = crash::WORKER_FALLIBLE_POINTS.len();
+    card.count("ops", n)
         .count("acked", n)
         .count("lost", 0)
         .count("duplicates", 0);
@@ -405,6 +470,20 @@ async fn an_ingest_point_that_fails_answers_503_and_the_retry_lands_once_postgre
         return;
     };
     ingest_failures("postgres", || databases.next_url()).await;
+    databases.drop_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_record_that_fails_is_made_again_and_counts_once_sqlite() {
+    record_failures("sqlite", || None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_record_that_fails_is_made_again_and_counts_once_postgres() {
+    let Some(databases) = FreshDatabases::create(crash::WORKER_FALLIBLE_POINTS.len()).await else {
+        return;
+    };
+    record_failures("postgres", || databases.next_url()).await;
     databases.drop_all().await;
 }
 

@@ -867,10 +867,16 @@ async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
     assert_eq!(rows as usize, keys.len());
     let _ = conn.close().await;
     let repeated: usize = keys.iter().map(|k| handler.count_for(k) - 1).sum();
+    let records_again = r#"hooklatch_attempt_record_retries_total{outcome="recorded"}"#;
+    let recorded_again = gw.metric(records_again).await as usize;
+    let gave_up = r#"hooklatch_attempt_record_retries_total{outcome="gave_up"}"#;
+    let gave_up = gw.metric(gave_up).await as usize;
     card.count("ops", sends)
         .count("acked", keys.len())
         .count("lost", 0)
         .count("duplicates", repeated)
+        .figure("records_made_again", recorded_again)
+        .figure("records_given_up", gave_up)
         .figure("first_answer_200", first_ok)
         .figure("first_answer_503", first_503)
         .figure("committed_unanswered", committed_unanswered)

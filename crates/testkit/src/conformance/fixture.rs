@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hooklatch_core::store::{
-    AttemptNext, AttemptResult, DeliveryDetail, DeliveryFilter, Header, Ingest, IngestOutcome,
-    NewEvent, Rejected, RequestFilter, RequestRecord, RequestSummary,
+    AttemptNext, AttemptResult, AttemptToken, DeliveryDetail, DeliveryFilter, Header, Ingest,
+    IngestOutcome, NewEvent, Rejected, RequestFilter, RequestRecord, RequestSummary,
 };
 use hooklatch_core::{Claim, DeliveryId, EventKey, KeyDecision, SourceName, Store, Timestamp};
 use sha2::{Digest, Sha256};
@@ -117,6 +117,7 @@ pub fn attempt(
         status,
         error: error.map(str::to_owned),
         next,
+        token: AttemptToken::random(),
     }
 }
 

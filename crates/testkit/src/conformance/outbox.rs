@@ -753,6 +753,63 @@ pub async fn recording_an_attempt_can_lease_the_next_due_delivery<S: Store>(stor
     );
 }
 
+/// An attempt recorded again with its token — the worker did not hear whether its first
+/// record committed, and sent it again — changes nothing: no second count, number or history
+/// entry, no second move. Recorded with the worker's next lease, the repeat still leases.
+/// Another attempt, with a token of its own, counts as ever.
+pub async fn an_attempt_recorded_again_with_its_token_changes_nothing<S: Store>(store: S) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    let leased = lease(&store, WORKER, T0, 1).await;
+    assert_eq!(ids(&leased), BTreeSet::from([rows[0]]));
+
+    let failed = attempt(
+        rows[0],
+        at(1),
+        Some(500),
+        Some("HTTP 500"),
+        RetryAt(at(600)),
+    );
+    store
+        .record_attempt(failed.clone())
+        .await
+        .expect("record_attempt");
+    store
+        .record_attempt(failed.clone())
+        .await
+        .expect("the same record again");
+    let retrying = delivery(&store, rows[0]).await;
+    assert_eq!(retrying.state, DeliveryState::Pending);
+    assert_eq!(retrying.attempts, 1, "the repeat is not counted");
+    assert_eq!(retrying.history.len(), 1, "nor kept");
+    assert_eq!(retrying.next_attempt_at, Some(at(600)));
+
+    let done = attempt(rows[0], at(601), Some(200), None, Delivered);
+    assert_ne!(done.token, failed.token, "each attempt draws its own token");
+    store
+        .record_attempt(done.clone())
+        .await
+        .expect("record_attempt");
+    // The last record again, this time with the worker's next lease.
+    let next = store
+        .record_attempt_and_lease(done.clone(), at(602), LEASE)
+        .await
+        .expect("the repeat with a lease");
+    assert_eq!(
+        next.map(|d| d.id),
+        Some(rows[1]),
+        "a repeat's lease half still leases the next due delivery"
+    );
+    let delivered = delivery(&store, rows[0]).await;
+    assert_eq!(delivered.state, DeliveryState::Delivered);
+    assert_eq!(delivered.attempts, 2);
+    let numbers: Vec<_> = delivered
+        .history
+        .iter()
+        .map(|a| (a.number, a.status))
+        .collect();
+    assert_eq!(numbers, [(1, Some(500)), (2, Some(200))]);
+}
+
 /// The fields of a leased delivery, to compare two of them whole.
 #[allow(clippy::type_complexity)]
 fn fields(
