@@ -84,24 +84,12 @@ enum Recorded {
     Failed,
 }
 
-/// The pauses before each new try to record an attempt whose record failed (a connection
-/// that broke, the store briefly away): from 100 ms, doubling up to 5 s, for as long as they
-/// add up to half of `lease` — a lease is at least twice the longest attempt plus 10 s, so
-/// the tries end well before the delivery could be leased again (with the default 30 s
-/// timeout, 11 tries over 31.3 s). Each try carries the attempt's token ([`AttemptToken`]),
-/// so a try whose first did commit changes nothing. If none is answered, the delivery goes
-/// out again once its lease runs out, as it would without them.
-fn record_again_after(lease: Duration) -> impl Iterator<Item = Duration> {
+/// The pause before the `n`th new try (from 0) to record an attempt whose record failed (a
+/// connection that broke, the store briefly away): 100 ms, doubling up to 5 s.
+fn record_again_after(n: u32) -> Duration {
     const FIRST: Duration = Duration::from_millis(100);
     const MOST: Duration = Duration::from_secs(5);
-    let budget = lease / 2;
-    let pauses = std::iter::successors(Some(FIRST), |p| Some((*p * 2).min(MOST)));
-    pauses
-        .scan(Duration::ZERO, move |spent, pause| {
-            *spent += pause;
-            (*spent <= budget).then_some(pause)
-        })
-        .fuse()
+    FIRST.saturating_mul(1 << n.min(16)).min(MOST)
 }
 
 /// The first try to record an attempt: the store `write` (not started until awaited), between
@@ -468,7 +456,7 @@ impl Worker {
     }
 
     /// Records an attempt with the task's next lease in one store write; if that write fails,
-    /// records the attempt alone, again, until the store takes it ([`record_again_after`]).
+    /// records the attempt alone, again, until the store takes it ([`Worker::record_again`]).
     async fn record_and_lease(&self, result: AttemptResult) -> Recorded {
         let again = result.clone();
         let write = self
@@ -489,12 +477,27 @@ impl Worker {
         }
     }
 
-    /// The tries after a failed record, each after its pause ([`record_again_after`]).
+    /// The tries after a failed record, each after its pause ([`record_again_after`]), for as
+    /// long as half the lease after the attempt started: no try starts later. A lease is at
+    /// least twice the longest attempt plus 10 s and was taken at most one attempt before
+    /// this one started, so the tries end at least 5 s before the delivery could be leased
+    /// again (a try still waiting on the store then, for a connection say, may land after).
+    /// Each try carries the attempt's token ([`AttemptToken`]), so a try whose first did
+    /// commit changes nothing. If none is answered, the delivery goes out again once its lease
+    /// runs out, as it would without them.
     async fn record_again(&self, result: AttemptResult, err: StoreError) -> Recorded {
         tracing::warn!(%err, delivery = %result.delivery, "could not record a delivery attempt; trying again");
+        let deadline = result.started_at.plus(self.lease / 2);
         let mut last = err;
-        for pause in record_again_after(self.lease) {
+        for n in 0.. {
+            let pause = record_again_after(n);
+            if Timestamp::now().plus(pause) >= deadline {
+                break;
+            }
             tokio::time::sleep(pause).await;
+            if Timestamp::now() >= deadline {
+                break;
+            }
             match self.store.record_attempt(result.clone()).await {
                 Ok(()) => {
                     metrics::counter!("hooklatch_attempt_record_retries_total", "outcome" => "recorded")
@@ -863,23 +866,48 @@ mod tests {
 
     use super::*;
 
-    /// The tries to record an attempt again double from 100 ms up to 5 s, and stop before
-    /// half the lease has passed.
+    /// The tries to record an attempt again are 100 ms apart, then twice as far each time, up
+    /// to 5 s.
     #[test]
-    fn a_failed_record_is_tried_again_within_half_the_lease() {
-        let ms = |lease: u64| -> Vec<u128> {
-            record_again_after(Duration::from_secs(lease))
-                .map(|p| p.as_millis())
-                .collect()
-        };
-        // The default 30 s timeout: a 70 s lease.
-        assert_eq!(
-            ms(70),
-            [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000, 5000, 5000]
+    fn a_failed_record_is_tried_again_ever_further_apart() {
+        let ms: Vec<u128> = (0..9).map(|n| record_again_after(n).as_millis()).collect();
+        assert_eq!(ms, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert_eq!(record_again_after(u32::MAX), Duration::from_secs(5));
+    }
+
+    /// A record the store never takes, each try slow (a store waiting for a connection): the
+    /// tries stop by half the lease after the attempt started, however long each took, so the
+    /// delivery is not still being recorded when its lease runs out; the record is given up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tries_to_record_again_stop_by_half_the_lease() {
+        let store = Arc::new(slow_commits(false, &[]).await);
+        *store.failing_records.lock().unwrap() = Some(Duration::from_millis(300));
+        let mut worker = worker(
+            store.clone(),
+            "http://127.0.0.1:9/",
+            1,
+            Duration::from_secs(1),
         );
-        assert_eq!(ms(70).iter().sum::<u128>(), 31_300);
-        // Shorter than any lease can be (10 s plus twice a timeout).
-        assert_eq!(ms(10), [100, 200, 400, 800, 1600]);
+        worker.lease = Duration::from_secs(2);
+        let started_at = Timestamp::now();
+        let result = fixture::attempt(
+            DeliveryId(1),
+            started_at,
+            Some(200),
+            None,
+            AttemptNext::Delivered,
+        );
+        assert!(matches!(
+            worker.record_and_lease(result).await,
+            Recorded::Failed
+        ));
+        let tries = store.record_tries.lock().unwrap().clone();
+        assert!(tries.len() >= 2, "tried again: {tries:?}");
+        let deadline = started_at.plus(Duration::from_secs(1));
+        assert!(
+            tries.iter().all(|t| *t < deadline),
+            "every try started before {deadline:?}: {tries:?}"
+        );
     }
 
     /// A [`MemoryStore`] whose `record_attempt_and_lease` commits only when the test lets it:
@@ -892,6 +920,21 @@ mod tests {
         full: bool,
         leases: AtomicUsize,
         next_dues: AtomicUsize,
+        /// Every record fails after this long, when set (a store that takes no write).
+        failing_records: std::sync::Mutex<Option<Duration>>,
+        /// When each failing record started.
+        record_tries: std::sync::Mutex<Vec<Timestamp>>,
+    }
+
+    impl SlowCommits {
+        /// Fails a record after [`SlowCommits::failing_records`]' wait, noting its start;
+        /// `None` when records do not fail.
+        async fn failing_record(&self) -> Option<StoreError> {
+            let wait = (*self.failing_records.lock().unwrap())?;
+            self.record_tries.lock().unwrap().push(Timestamp::now());
+            tokio::time::sleep(wait).await;
+            Some(StoreError::Unavailable("no connection".to_owned()))
+        }
     }
 
     #[async_trait::async_trait]
@@ -930,6 +973,9 @@ mod tests {
             self.inner.lease_due(owner, now, lease, limit).await
         }
         async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
+            if let Some(err) = self.failing_record().await {
+                return Err(err);
+            }
             self.inner.record_attempt(result).await
         }
         async fn record_attempt_and_lease(
@@ -938,6 +984,9 @@ mod tests {
             now: Timestamp,
             lease: Duration,
         ) -> Result<Option<LeasedDelivery>, StoreError> {
+            if let Some(err) = self.failing_record().await {
+                return Err(err);
+            }
             self.recording.fetch_add(1, Ordering::SeqCst);
             self.commits.acquire().await.expect("never closed").forget();
             self.inner
@@ -1086,6 +1135,8 @@ mod tests {
             full,
             leases: AtomicUsize::new(0),
             next_dues: AtomicUsize::new(0),
+            failing_records: Default::default(),
+            record_tries: Default::default(),
         };
         for key in keys {
             store.ingest(app_ingest(key)).await.unwrap();

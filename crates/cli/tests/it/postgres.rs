@@ -867,6 +867,14 @@ async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
     assert_eq!(rows as usize, keys.len());
     let _ = conn.close().await;
     let repeated: usize = keys.iter().map(|k| handler.count_for(k) - 1).sum();
+    for k in &keys {
+        if handler.count_for(k) > 1 {
+            eprintln!(
+                "REPEATED {k}: {:#}",
+                serde_json::Value::Array(gw.deliveries_for(k).await)
+            );
+        }
+    }
     let records_again = r#"hooklatch_attempt_record_retries_total{outcome="recorded"}"#;
     let recorded_again = gw.metric(records_again).await as usize;
     let gave_up = r#"hooklatch_attempt_record_retries_total{outcome="gave_up"}"#;
