@@ -867,6 +867,8 @@ async fn a_postgres_connection_cut_at_any_byte_loses_nothing_and_claims_once() {
     assert_eq!(rows as usize, keys.len());
     let _ = conn.close().await;
     let repeated: usize = keys.iter().map(|k| handler.count_for(k) - 1).sum();
+    // Each repeat's row with its attempts, for whoever reads a run's log: when each attempt
+    // started tells which lease ran out.
     for k in &keys {
         if handler.count_for(k) > 1 {
             eprintln!(
