@@ -243,6 +243,7 @@ impl Ingest {
                     path: self.request.path.clone(),
                     headers: self.request.headers.clone(),
                     body: self.request.body.clone(),
+                    lease_until: self.lease.as_ref().map(|lease| lease.until),
                 });
             }
         }
@@ -370,6 +371,9 @@ pub struct LeasedDelivery {
     pub headers: Vec<Header>,
     /// The original body, byte-exact.
     pub body: Bytes,
+    /// When the lease it was handed out under ends, as the store wrote it (`None` only for
+    /// one built by hand). An attempt carries it on ([`AttemptResult::lease_until`]).
+    pub lease_until: Option<Timestamp>,
 }
 
 /// The content type of a body made from a query string.
@@ -398,9 +402,10 @@ impl LeasedDelivery {
 pub struct AttemptResult {
     /// The delivery attempted.
     pub delivery: DeliveryId,
-    /// The worker that leased it. If another worker holds the lease now (this one's expired
-    /// and was taken over) or the delivery is no longer pending, the attempt is kept in
-    /// history but does not move the delivery: a late worker never undoes a newer outcome.
+    /// The worker that leased it. If another lease holds the row now (this one's ran out and
+    /// another worker, or this one, took the row again: see [`AttemptResult::lease_until`]) or
+    /// the delivery is no longer pending, the attempt is kept in history but does not move
+    /// the delivery: a late worker never undoes a newer outcome.
     pub owner: String,
     /// When the attempt started.
     pub started_at: Timestamp,
@@ -412,6 +417,12 @@ pub struct AttemptResult {
     pub error: Option<String>,
     /// What happens next.
     pub next: AttemptNext,
+    /// The end of the lease the attempt was made under ([`LeasedDelivery::lease_until`]).
+    /// With `Some`, the attempt moves its delivery only while the row is under that very lease
+    /// (or under none): once it ran out and the row was leased again — by another worker or
+    /// by this one, whose name is the same — the newer lease's attempt decides, and this one
+    /// is only counted. `None` compares the owner alone.
+    pub lease_until: Option<Timestamp>,
     /// This attempt's own token ([`AttemptToken::random`], drawn once per attempt): recording
     /// the attempt again with the same token changes nothing, so a worker that did not hear
     /// whether its record committed may send it again.

@@ -645,6 +645,7 @@ impl Worker {
             status,
             error,
             next,
+            lease_until: delivery.lease_until,
             token: AttemptToken::random(),
         }
     }
@@ -690,6 +691,7 @@ impl Worker {
             status: None,
             error,
             next,
+            lease_until: delivery.lease_until,
             token: AttemptToken::random(),
         }
     }

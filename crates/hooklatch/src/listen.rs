@@ -643,6 +643,7 @@ mod tests {
             path: "/in/stripe".to_owned(),
             headers: Vec::new(),
             body: Bytes::from_static(b"{}"),
+            lease_until: None,
         }
     }
 

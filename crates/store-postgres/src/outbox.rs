@@ -83,11 +83,14 @@ pub(crate) async fn lease_due(
         .bind(i64::from(limit))
         .fetch_all(conn)
         .await?;
-    rows.iter().map(leased_delivery).collect()
+    rows.iter().map(|row| leased_delivery(row, until)).collect()
 }
 
-/// A row of [`leased`]'s final `SELECT`.
-fn leased_delivery(r: &sqlx::postgres::PgRow) -> Result<LeasedDelivery, sqlx::Error> {
+/// A row of [`leased`]'s final `SELECT`, leased until `until`.
+fn leased_delivery(
+    r: &sqlx::postgres::PgRow,
+    until: Timestamp,
+) -> Result<LeasedDelivery, sqlx::Error> {
     Ok(LeasedDelivery {
         id: DeliveryId(r.try_get(0)?),
         request_id: RequestId(r.try_get(1)?),
@@ -102,21 +105,29 @@ fn leased_delivery(r: &sqlx::postgres::PgRow) -> Result<LeasedDelivery, sqlx::Er
         path: r.try_get(12)?,
         headers: headers::decode(r.try_get(9)?),
         body: Bytes::from(r.try_get::<Vec<u8>, _>(10)?),
+        lease_until: Some(until),
     })
 }
 
-/// Whether an attempt may move its delivery: still pending, and not leased by another worker
-/// (`$2` is the attempt's owner). Column references read the row's latest version, under the
-/// row lock the update holds.
-const MOVABLE: &str = "(state = 'pending' AND (lease_owner IS NULL OR lease_owner = $2))";
+/// Whether an attempt may move its delivery: still pending, and leased to nobody, or to the
+/// attempt's owner (`$2`) under the lease the attempt was made under (`$until`, its end;
+/// `NULL` compares the owner alone). Column references read the row's latest version, under
+/// the row lock the update holds.
+fn movable(until: u8) -> String {
+    format!(
+        "(state = 'pending' AND (lease_owner IS NULL
+            OR (lease_owner = $2 AND (${until}::bigint IS NULL OR lease_until = ${until}))))"
+    )
+}
 
 /// The attempt's row update, as a CTE `moved`: counts the attempt in `total_attempts` even when
-/// it may not move the row, and moves the row only when [`MOVABLE`]; and none of it when the
+/// it may not move the row, and moves the row only when [`movable`] (`$11`, the attempt's
+/// lease); and none of it when the
 /// row's last recorded attempt had this one's token, `$10` (a repeat: `AttemptToken`). That
 /// test reads the row's latest version too: a repeat that waited for its first's lock finds
 /// the first's token.
 static MOVED: LazyLock<String> = LazyLock::new(|| {
-    let m = MOVABLE;
+    let m = movable(11);
     format!(
         "moved AS (
             UPDATE deliveries SET
@@ -141,32 +152,34 @@ const INSERT_ATTEMPT: &str =
     "INSERT INTO attempts (delivery_id, number, started_at, status, latency_ms, error)
          SELECT id, total_attempts, $7, $8, $9, $5 FROM moved";
 
-/// Records an attempt and, when [`MOVABLE`], moves the delivery, in one statement.
+/// Records an attempt and, when [`movable`], moves the delivery, in one statement.
 static RECORD_ATTEMPT: LazyLock<String> =
     LazyLock::new(|| format!("WITH {} {INSERT_ATTEMPT}", *MOVED));
 
 /// Records an attempt, moves its delivery, and leases the worker's next due delivery, in one
 /// statement (one round trip instead of two). The sub-statements share one snapshot, in which
 /// the attempt's own delivery is still leased (so not due); it is also excluded by id, since
-/// one statement must not update a row twice. `$11`: the new lease's end, `$12`: now.
+/// one statement must not update a row twice. `$12`: the new lease's end, `$13`: now.
 static RECORD_ATTEMPT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH {moved}, recorded AS ({INSERT_ATTEMPT}), {due}, {leased}",
         moved = *MOVED,
-        due = due(12, "1", "AND id <> $1"),
-        leased = leased(2, 11)
+        due = due(13, "1", "AND id <> $1"),
+        leased = leased(2, 12)
     )
 });
 
 /// A delivery that was not attempted ([`AttemptNext::Wait`]), as a CTE `waited`: due again
-/// at `$3`, its lease released, `$4` now, when [`MOVABLE`]. No attempt is counted or recorded.
+/// at `$3`, its lease released, `$4` now, when [`movable`] (`$5`, the end of its lease). No
+/// attempt is counted or recorded.
 static WAITED: LazyLock<String> = LazyLock::new(|| {
     format!(
         "waited AS (
             UPDATE deliveries SET next_attempt_at = $3, lease_owner = NULL, lease_until = NULL,
                 updated_at = $4
-            WHERE id = $1 AND {MOVABLE}
-            RETURNING id)"
+            WHERE id = $1 AND {m}
+            RETURNING id)",
+        m = movable(5)
     )
 });
 
@@ -174,18 +187,18 @@ static RECORD_WAIT: LazyLock<String> =
     LazyLock::new(|| format!("WITH {} SELECT count(*) FROM waited", *WAITED));
 
 /// [`RECORD_WAIT`], then the worker's next lease, as [`RECORD_ATTEMPT_AND_LEASE`] does it
-/// (the waited row, still leased in the statement's snapshot, is excluded by id too). `$5`:
-/// the new lease's end, `$6`: now.
+/// (the waited row, still leased in the statement's snapshot, is excluded by id too). `$6`:
+/// the new lease's end, `$7`: now.
 static RECORD_WAIT_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH {waited}, {due}, {leased}",
         waited = *WAITED,
-        due = due(6, "1", "AND id <> $1"),
-        leased = leased(2, 5)
+        due = due(7, "1", "AND id <> $1"),
+        leased = leased(2, 6)
     )
 });
 
-/// Binds a wait's `$1`–`$4` (see [`WAITED`]).
+/// Binds a wait's `$1`–`$5` (see [`WAITED`]).
 fn bind_wait<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     result: &'q AttemptResult,
@@ -196,6 +209,7 @@ fn bind_wait<'q>(
         .bind(&result.owner)
         .bind(until.0)
         .bind(result.started_at.plus(result.latency).0)
+        .bind(result.lease_until.map(|t| t.0))
 }
 
 /// The state an attempt moves its delivery to, and when it is due next (a retry, or the end
@@ -208,7 +222,7 @@ fn next_state(result: &AttemptResult) -> (DeliveryState, Option<i64>) {
     }
 }
 
-/// Binds an attempt's `$1`–`$10` (see [`MOVED`] and [`INSERT_ATTEMPT`]).
+/// Binds an attempt's `$1`–`$11` (see [`MOVED`] and [`INSERT_ATTEMPT`]).
 fn bind_attempt<'q>(
     query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
     result: &'q AttemptResult,
@@ -226,6 +240,7 @@ fn bind_attempt<'q>(
         .bind(result.status.map(i32::from))
         .bind(i64::try_from(result.latency.as_millis()).unwrap_or(i64::MAX))
         .bind(result.token.0)
+        .bind(result.lease_until.map(|t| t.0))
 }
 
 pub(crate) async fn record_attempt(
@@ -252,16 +267,15 @@ pub(crate) async fn record_attempt_and_lease(
         AttemptNext::Wait(until) => bind_wait(sqlx::query(&RECORD_WAIT_AND_LEASE), result, until),
         _ => bind_attempt(sqlx::query(&RECORD_ATTEMPT_AND_LEASE), result),
     };
-    let row = query
-        .bind(now.plus(lease).0)
-        .bind(now.0)
-        .fetch_optional(conn)
-        .await?;
-    row.as_ref().map(leased_delivery).transpose()
+    let until = now.plus(lease);
+    let row = query.bind(until.0).bind(now.0).fetch_optional(conn).await?;
+    row.as_ref()
+        .map(|row| leased_delivery(row, until))
+        .transpose()
 }
 
 /// [`record_attempt_and_lease`] for many workers' attempts in one statement: each attempt is
-/// recorded (and moves its delivery when [`MOVABLE`]), and each worker is leased one due
+/// recorded (and moves its delivery when [`movable`]), and each worker is leased one due
 /// delivery, if there is one. Answers in the order given.
 ///
 /// The deliveries attempted must be distinct (one statement updates a row once). Leases go
@@ -284,6 +298,7 @@ pub(crate) async fn record_attempts_and_lease_many(
     let mut until = Vec::with_capacity(n);
     let mut waits = Vec::with_capacity(n);
     let mut tokens = Vec::with_capacity(n);
+    let mut attempt_lease = Vec::with_capacity(n);
     for (result, now, lease) in attempts {
         let (moved_to, at) = next_state(result);
         let wait = matches!(result.next, AttemptNext::Wait(_));
@@ -301,6 +316,7 @@ pub(crate) async fn record_attempts_and_lease_many(
         );
         waits.push(wait);
         tokens.push(result.token.0);
+        attempt_lease.push(result.lease_until.map(|t| t.0));
         updated_at.push(result.started_at.plus(result.latency).0);
         started_at.push(result.started_at.0);
         status.push(result.status.map(i32::from));
@@ -323,13 +339,14 @@ pub(crate) async fn record_attempts_and_lease_many(
         .bind(n as i64)
         .bind(&waits)
         .bind(&tokens)
+        .bind(&attempt_lease)
         .fetch_all(&mut *conn)
         .await?;
     let mut leased: Vec<Option<LeasedDelivery>> = (0..n).map(|_| None).collect();
     for row in &rows {
         let k: i64 = row.try_get(13)?;
-        if let Some(slot) = usize::try_from(k - 1).ok().and_then(|i| leased.get_mut(i)) {
-            *slot = Some(leased_delivery(row)?);
+        if let Some(i) = usize::try_from(k - 1).ok().filter(|i| *i < n) {
+            leased[i] = Some(leased_delivery(row, Timestamp(until[i]))?);
         }
     }
     Ok(leased)
@@ -338,7 +355,8 @@ pub(crate) async fn record_attempts_and_lease_many(
 /// The statement of [`record_attempts_and_lease_many`]: [`MOVED`] and [`INSERT_ATTEMPT`] over
 /// arrays (`$1`–`$9` as there, one element per attempt; `$10` each lease's end; `$13` whether
 /// it is a [`AttemptNext::Wait`], which moves its row as [`WAITED`] does and is neither
-/// counted nor recorded; `$14` each attempt's token, whose repeat changes nothing), then up
+/// counted nor recorded; `$14` each attempt's token, whose repeat changes nothing; `$15` the
+/// end of the lease each attempt was made under, as [`movable`]'s), then up
 /// to `$12` due rows (by `$11`, now) numbered and leased to the attempts' owners in order.
 ///
 /// `d.id = ANY($1)` beside the join with the arrays lets the planner walk the primary key:
@@ -346,14 +364,15 @@ pub(crate) async fn record_attempts_and_lease_many(
 /// sequence of loads on one database slowed down cell after cell (1 KB at c=64: 3,426–4,279
 /// req/s against 5,247–5,381 without the batched statement, and 6,864–6,884 with this).
 static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
-    let m = "(d.state = 'pending' AND (d.lease_owner IS NULL OR d.lease_owner = u.owner))";
+    let m = "(d.state = 'pending' AND (d.lease_owner IS NULL OR (d.lease_owner = u.owner
+        AND (u.attempt_lease IS NULL OR d.lease_until = u.attempt_lease))))";
     format!(
         "WITH u AS (
             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[],
                 $5::text[], $6::bigint[], $7::bigint[], $8::int[], $9::bigint[], $10::bigint[],
-                $13::bool[], $14::bigint[])
+                $13::bool[], $14::bigint[], $15::bigint[])
                 WITH ORDINALITY AS u (delivery, owner, state, next_at, error, updated_at,
-                    started_at, status, latency_ms, until, wait, token, k)),
+                    started_at, status, latency_ms, until, wait, token, attempt_lease, k)),
          moved AS (
             UPDATE deliveries d SET
                 total_attempts = CASE WHEN u.wait THEN d.total_attempts

@@ -1728,6 +1728,7 @@ fn attempt_by(
         }),
         error: (next != AttemptNext::Delivered).then(|| "HTTP 500".to_owned()),
         next,
+        lease_until: None,
         token: hooklatch_core::store::AttemptToken::random(),
     }
 }

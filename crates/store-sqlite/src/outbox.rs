@@ -70,6 +70,7 @@ pub(crate) fn lease_due(
                 path: String::new(),
                 headers: Vec::new(),
                 body: Bytes::new(),
+                lease_until: Some(until),
             })
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
@@ -106,7 +107,8 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
                 result.delivery.0,
                 until.0,
                 now.0,
-                result.owner
+                result.owner,
+                result.lease_until.map(|t| t.0)
             ])?;
             return Ok(());
         }
@@ -124,7 +126,8 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
                 result.error,
                 now.0,
                 result.owner,
-                result.token.0
+                result.token.0,
+                result.lease_until.map(|t| t.0)
             ],
             |r| r.get(0),
         )
@@ -149,19 +152,20 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
     Ok(())
 }
 
-/// Whether an attempt moves its delivery: it is pending and leased to the attempt's owner
-/// (`?6`) or to nobody. Read from the row as it was before the update, as every `SET`
+/// Whether an attempt moves its delivery: it is pending and leased to nobody, or to the
+/// attempt's owner (`?6`) under the lease the attempt was made under (`?8`, its end; `NULL`
+/// compares the owner alone). Read from the row as it was before the update, as every `SET`
 /// expression is.
 macro_rules! attempt_moves {
     () => {
-        "(state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?6))"
+        "(state = 'pending' AND (lease_owner IS NULL OR (lease_owner = ?6 AND (?8 IS NULL OR lease_until = ?8))))"
     };
 }
 
 /// [`record_attempt`]'s update: `?1` the delivery, `?2` its new state, `?3` the next attempt's
 /// time (kept when `NULL`), `?4` the error (kept when `NULL`), `?5` now, `?6` the owner, `?7`
 /// the attempt's token: a row whose last recorded attempt had this token already is left as it
-/// is ([`hooklatch_core::store::AttemptToken`]).
+/// is ([`hooklatch_core::store::AttemptToken`]); `?8` the end of the attempt's lease.
 const RECORD_ATTEMPT: &str = concat!(
     "UPDATE deliveries SET total_attempts = total_attempts + 1, attempt_token = ?7, ",
     "state = CASE WHEN ",
@@ -189,11 +193,13 @@ const RECORD_ATTEMPT: &str = concat!(
 );
 
 /// A delivery that was not attempted ([`AttemptNext::Wait`]): `?1` the delivery, due again at
-/// `?2`, its lease released, `?3` now, `?4` the owner. It moves the row under the same guard as
-/// an attempt (`attempt_moves!`), and touches no attempt count and no error.
+/// `?2`, its lease released, `?3` now, `?4` the owner, `?5` the end of its lease. It moves the
+/// row under the same guard as an attempt (`attempt_moves!`), and touches no attempt count and
+/// no error.
 const RECORD_WAIT: &str = "UPDATE deliveries
     SET next_attempt_at = ?2, lease_owner = NULL, lease_until = NULL, updated_at = ?3
-    WHERE id = ?1 AND state = 'pending' AND (lease_owner IS NULL OR lease_owner = ?4)";
+    WHERE id = ?1 AND state = 'pending'
+      AND (lease_owner IS NULL OR (lease_owner = ?4 AND (?5 IS NULL OR lease_until = ?5)))";
 
 /// Makes `destination`'s pending rows that nobody holds a running lease on due at `now`,
 /// where they were due later; returns how many it moved. Such a row is ready after `now`, so
@@ -502,7 +508,7 @@ mod tests {
 
     #[test]
     fn a_wait_finds_its_row_by_id() {
-        let plan = plan(RECORD_WAIT, rusqlite::params![1, 2, 3, "w"]);
+        let plan = plan(RECORD_WAIT, rusqlite::params![1, 2, 3, "w", 4]);
         assert!(plan.contains("INTEGER PRIMARY KEY"), "{plan}");
     }
 

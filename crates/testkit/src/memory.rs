@@ -296,6 +296,7 @@ impl State {
                 path,
                 headers,
                 body,
+                lease_until: Some(until),
             });
         }
         leased
@@ -307,10 +308,9 @@ impl State {
             return;
         };
         let movable = delivery.state == DeliveryState::Pending
-            && delivery
-                .lease
-                .as_ref()
-                .is_none_or(|l| l.owner == result.owner);
+            && delivery.lease.as_ref().is_none_or(|l| {
+                l.owner == result.owner && result.lease_until.is_none_or(|until| until == l.until)
+            });
         let (state, next_attempt_at) = match result.next {
             AttemptNext::Delivered => (DeliveryState::Delivered, None),
             AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at)),

@@ -117,6 +117,7 @@ pub fn attempt(
         status,
         error: error.map(str::to_owned),
         next,
+        lease_until: None,
         token: AttemptToken::random(),
     }
 }

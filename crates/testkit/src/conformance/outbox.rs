@@ -433,6 +433,75 @@ pub async fn a_late_worker_never_undoes_a_newer_outcome<S: Store>(store: S) {
         .all(|d| d.id != rows[0]));
 }
 
+/// A worker's late record — its lease ran out and the same worker leased the row again — does
+/// not move the row: the attempt carries the end of the lease it was made under, and the row
+/// is under a newer one (the owner's name alone cannot tell them apart). The newer lease's
+/// attempt moves it; a wait under the old lease moves nothing either. Each lease handed out
+/// names its end.
+pub async fn a_record_under_a_lease_taken_again_by_its_own_worker_moves_nothing<S: Store>(
+    store: S,
+) {
+    let rows = one_event(&store, "evt_1", T0).await;
+    let first = lease(&store, WORKER, T0, 1).await;
+    assert_eq!(ids(&first), BTreeSet::from([rows[0]]));
+    assert_eq!(first[0].lease_until, Some(T0.plus(LEASE)));
+    let expired = T0.plus(LEASE + Duration::from_secs(1));
+    let again = lease(&store, WORKER, expired, 10).await;
+    assert!(
+        ids(&again).contains(&rows[0]),
+        "the ended lease is taken again"
+    );
+    let newer = again.iter().find(|d| d.id == rows[0]).expect("taken again");
+    assert_eq!(newer.lease_until, Some(expired.plus(LEASE)));
+
+    // The first lease's attempts report late: a final failure (with the worker's next lease,
+    // and alone), a failure to retry, and a wait.
+    let mut late = attempt(rows[0], at(2), Some(500), Some("HTTP 500"), DeadLetter);
+    late.lease_until = first[0].lease_until;
+    let next = store
+        .record_attempt_and_lease(late, at(2), LEASE)
+        .await
+        .expect("record_attempt_and_lease");
+    assert!(next.is_none(), "nothing else is due: {next:?}");
+    let mut late = attempt(rows[0], at(2), Some(500), Some("HTTP 500"), RetryAt(at(9)));
+    late.lease_until = first[0].lease_until;
+    store.record_attempt(late).await.expect("record_attempt");
+    let mut late_wait = attempt(rows[0], at(3), None, None, Wait(at(7200)));
+    late_wait.lease_until = first[0].lease_until;
+    store
+        .record_attempt(late_wait)
+        .await
+        .expect("record a wait");
+    let held = delivery(&store, rows[0]).await;
+    assert_eq!(
+        held.state,
+        DeliveryState::Pending,
+        "not dead-lettered by the old lease"
+    );
+    assert_eq!(held.attempts, 0, "nor counted in its round");
+    assert_eq!(held.history.len(), 2, "but kept in its history");
+    assert!(
+        lease(&store, "worker-b", expired, 10).await.is_empty(),
+        "the newer lease still holds the row"
+    );
+
+    let mut done = attempt(rows[0], expired, Some(200), None, Delivered);
+    done.lease_until = newer.lease_until;
+    let next = store
+        .record_attempt_and_lease(done, at(40), LEASE)
+        .await
+        .expect("record_attempt_and_lease");
+    let row = delivery(&store, rows[0]).await;
+    assert_eq!(
+        row.state,
+        DeliveryState::Delivered,
+        "the newer lease's attempt moves it"
+    );
+    assert_eq!(row.attempts, 1);
+    assert_eq!(row.history.len(), 3);
+    assert!(next.is_none(), "the other row is under the newer lease too");
+}
+
 /// A deliberate redelivery queues new deliveries, each with its own id and the event's
 /// original `Idempotency-Key` and body; a second one queues again (never swallowed); a
 /// request without a verified event has nothing to redeliver.
@@ -795,9 +864,9 @@ pub async fn an_attempt_recorded_again_with_its_token_changes_nothing<S: Store>(
         .await
         .expect("the repeat with a lease");
     assert_eq!(
-        next.map(|d| d.id),
-        Some(rows[1]),
-        "a repeat's lease half still leases the next due delivery"
+        next.map(|d| (d.id, d.lease_until)),
+        Some((rows[1], Some(at(602).plus(LEASE)))),
+        "a repeat's lease half still leases the next due delivery, naming the lease's end"
     );
     let delivered = delivery(&store, rows[0]).await;
     assert_eq!(delivered.state, DeliveryState::Delivered);
@@ -859,7 +928,9 @@ pub async fn an_ingest_with_a_lease_writes_its_deliveries_leased_to_its_worker<S
     let rows = new_deliveries(&outcome);
     assert_eq!(rows.len(), DESTINATIONS.len(), "evt_0 is a duplicate");
     assert_eq!(ids(&handed), rows.iter().copied().collect());
-    assert!(handed.iter().all(|d| d.event_key == "evt_1"));
+    assert!(handed
+        .iter()
+        .all(|d| d.event_key == "evt_1" && d.lease_until == Some(at(31))));
 
     assert!(
         lease(&store, WORKER, at(2), 10).await.is_empty(),
