@@ -477,17 +477,19 @@ impl Worker {
         }
     }
 
-    /// The tries after a failed record, each after its pause ([`record_again_after`]), for as
-    /// long as half the lease after the attempt started: no try starts later. A lease is at
-    /// least twice the longest attempt plus 10 s and was taken at most one attempt before
-    /// this one started, so the tries end at least 5 s before the delivery could be leased
-    /// again (a try still waiting on the store then, for a connection say, may land after).
-    /// Each try carries the attempt's token ([`AttemptToken`]), so a try whose first did
-    /// commit changes nothing. If none is answered, the delivery goes out again once its lease
-    /// runs out, as it would without them.
+    /// The tries after a failed record, each after its pause ([`record_again_after`]), until
+    /// the lease the attempt was made under runs out ([`AttemptResult::lease_until`]; a lease
+    /// from the attempt's start when it names none): no try starts later. A try that lands
+    /// after that (one waiting on the store for a connection, say) moves the row only if
+    /// nobody leased it again meanwhile, and is otherwise only counted. Each try carries the
+    /// attempt's token ([`AttemptToken`]), so a try whose first did commit changes nothing. If
+    /// none is answered, the delivery goes out again once its lease has run out, as it would
+    /// without them.
     async fn record_again(&self, result: AttemptResult, err: StoreError) -> Recorded {
         tracing::warn!(%err, delivery = %result.delivery, "could not record a delivery attempt; trying again");
-        let deadline = result.started_at.plus(self.lease / 2);
+        let deadline = result
+            .lease_until
+            .unwrap_or_else(|| result.started_at.plus(self.lease));
         let mut last = err;
         for n in 0.. {
             let pause = record_again_after(n);
@@ -878,34 +880,34 @@ mod tests {
     }
 
     /// A record the store never takes, each try slow (a store waiting for a connection): the
-    /// tries stop by half the lease after the attempt started, however long each took, so the
-    /// delivery is not still being recorded when its lease runs out; the record is given up.
+    /// tries stop by the end of the attempt's lease, however long each took; the record is
+    /// given up.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn tries_to_record_again_stop_by_half_the_lease() {
+    async fn tries_to_record_again_stop_when_the_lease_ends() {
         let store = Arc::new(slow_commits(false, &[]).await);
         *store.failing_records.lock().unwrap() = Some(Duration::from_millis(300));
-        let mut worker = worker(
+        let worker = worker(
             store.clone(),
             "http://127.0.0.1:9/",
             1,
             Duration::from_secs(1),
         );
-        worker.lease = Duration::from_secs(2);
         let started_at = Timestamp::now();
-        let result = fixture::attempt(
+        let deadline = started_at.plus(Duration::from_secs(1));
+        let mut result = fixture::attempt(
             DeliveryId(1),
             started_at,
             Some(200),
             None,
             AttemptNext::Delivered,
         );
+        result.lease_until = Some(deadline);
         assert!(matches!(
             worker.record_and_lease(result).await,
             Recorded::Failed
         ));
         let tries = store.record_tries.lock().unwrap().clone();
         assert!(tries.len() >= 2, "tried again: {tries:?}");
-        let deadline = started_at.plus(Duration::from_secs(1));
         assert!(
             tries.iter().all(|t| *t < deadline),
             "every try started before {deadline:?}: {tries:?}"
