@@ -122,10 +122,9 @@ fn movable(until: u8) -> String {
 
 /// The attempt's row update, as a CTE `moved`: counts the attempt in `total_attempts` even when
 /// it may not move the row, and moves the row only when [`movable`] (`$11`, the attempt's
-/// lease); and none of it when the
-/// row's last recorded attempt had this one's token, `$10` (a repeat: `AttemptToken`). That
-/// test reads the row's latest version too: a repeat that waited for its first's lock finds
-/// the first's token.
+/// lease); and none of it when the row's last recorded attempt had this one's token, `$10` (a
+/// repeat: `AttemptToken`). That test reads the row's latest version too: a repeat that
+/// waited for its first's lock finds the first's token.
 static MOVED: LazyLock<String> = LazyLock::new(|| {
     let m = movable(11);
     format!(
