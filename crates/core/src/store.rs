@@ -418,10 +418,11 @@ pub struct AttemptResult {
     /// What happens next.
     pub next: AttemptNext,
     /// The end of the lease the attempt was made under ([`LeasedDelivery::lease_until`]).
-    /// With `Some`, the attempt moves its delivery only while the row is under that very lease
-    /// (or under none): once it ran out and the row was leased again — by another worker or
-    /// by this one, whose name is the same — the newer lease's attempt decides, and this one
-    /// is only counted. `None` compares the owner alone.
+    /// With `Some`, the attempt moves its delivery only while the row is under that very
+    /// lease: once it ran out and the row was leased again — by another worker or by this
+    /// one, whose name is the same — the newer lease's attempt decides (and may leave the row
+    /// under no lease), and this one is only counted. `None` compares the owner alone, and a
+    /// row under no lease takes it.
     pub lease_until: Option<Timestamp>,
     /// This attempt's own token ([`AttemptToken::random`], drawn once per attempt): recording
     /// the attempt again with the same token changes nothing, so a worker that did not hear

@@ -109,14 +109,14 @@ fn leased_delivery(
     })
 }
 
-/// Whether an attempt may move its delivery: still pending, and leased to nobody, or to the
-/// attempt's owner (`$2`) under the lease the attempt was made under (`$until`, its end;
-/// `NULL` compares the owner alone). Column references read the row's latest version, under
-/// the row lock the update holds.
+/// Whether an attempt may move its delivery: still pending, and under the lease the attempt
+/// was made under, the attempt's owner's (`$2`) ending at `$until`. An attempt that names no
+/// lease (`NULL`) compares the owner alone, and a row under no lease takes it too. Column
+/// references read the row's latest version, under the row lock the update holds.
 fn movable(until: u8) -> String {
     format!(
-        "(state = 'pending' AND (lease_owner IS NULL
-            OR (lease_owner = $2 AND (${until}::bigint IS NULL OR lease_until = ${until}))))"
+        "(state = 'pending' AND ((lease_owner = $2 AND lease_until = ${until})
+            OR (${until}::bigint IS NULL AND (lease_owner IS NULL OR lease_owner = $2))))"
     )
 }
 
@@ -363,8 +363,9 @@ pub(crate) async fn record_attempts_and_lease_many(
 /// sequence of loads on one database slowed down cell after cell (1 KB at c=64: 3,426–4,279
 /// req/s against 5,247–5,381 without the batched statement, and 6,864–6,884 with this).
 static RECORD_ATTEMPTS_AND_LEASE: LazyLock<String> = LazyLock::new(|| {
-    let m = "(d.state = 'pending' AND (d.lease_owner IS NULL OR (d.lease_owner = u.owner
-        AND (u.attempt_lease IS NULL OR d.lease_until = u.attempt_lease))))";
+    let m =
+        "(d.state = 'pending' AND ((d.lease_owner = u.owner AND d.lease_until = u.attempt_lease)
+        OR (u.attempt_lease IS NULL AND (d.lease_owner IS NULL OR d.lease_owner = u.owner))))";
     format!(
         "WITH u AS (
             SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::bigint[],

@@ -152,13 +152,13 @@ pub(crate) fn record_attempt(conn: &Connection, result: &AttemptResult) -> rusql
     Ok(())
 }
 
-/// Whether an attempt moves its delivery: it is pending and leased to nobody, or to the
-/// attempt's owner (`?6`) under the lease the attempt was made under (`?8`, its end; `NULL`
-/// compares the owner alone). Read from the row as it was before the update, as every `SET`
-/// expression is.
+/// Whether an attempt moves its delivery: it is pending and under the lease the attempt was
+/// made under, the attempt's owner's (`?6`) ending at `?8`. An attempt that names no lease
+/// (`?8` `NULL`) compares the owner alone, and a row under no lease takes it too. Read from
+/// the row as it was before the update, as every `SET` expression is.
 macro_rules! attempt_moves {
     () => {
-        "(state = 'pending' AND (lease_owner IS NULL OR (lease_owner = ?6 AND (?8 IS NULL OR lease_until = ?8))))"
+        "(state = 'pending' AND ((lease_owner = ?6 AND lease_until = ?8) OR (?8 IS NULL AND (lease_owner IS NULL OR lease_owner = ?6))))"
     };
 }
 
@@ -199,7 +199,8 @@ const RECORD_ATTEMPT: &str = concat!(
 const RECORD_WAIT: &str = "UPDATE deliveries
     SET next_attempt_at = ?2, lease_owner = NULL, lease_until = NULL, updated_at = ?3
     WHERE id = ?1 AND state = 'pending'
-      AND (lease_owner IS NULL OR (lease_owner = ?4 AND (?5 IS NULL OR lease_until = ?5)))";
+      AND ((lease_owner = ?4 AND lease_until = ?5)
+        OR (?5 IS NULL AND (lease_owner IS NULL OR lease_owner = ?4)))";
 
 /// Makes `destination`'s pending rows that nobody holds a running lease on due at `now`,
 /// where they were due later; returns how many it moved. Such a row is ready after `now`, so

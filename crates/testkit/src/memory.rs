@@ -307,10 +307,13 @@ impl State {
         let Some(delivery) = self.deliveries.get_mut(&result.delivery.0) else {
             return;
         };
+        // Under the attempt's own lease; an attempt that names none compares the owner alone.
         let movable = delivery.state == DeliveryState::Pending
-            && delivery.lease.as_ref().is_none_or(|l| {
-                l.owner == result.owner && result.lease_until.is_none_or(|until| until == l.until)
-            });
+            && match (&delivery.lease, result.lease_until) {
+                (Some(lease), Some(until)) => lease.owner == result.owner && lease.until == until,
+                (Some(lease), None) => lease.owner == result.owner,
+                (None, until) => until.is_none(),
+            };
         let (state, next_attempt_at) = match result.next {
             AttemptNext::Delivered => (DeliveryState::Delivered, None),
             AttemptNext::RetryAt(at) => (DeliveryState::Pending, Some(at)),

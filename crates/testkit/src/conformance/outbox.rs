@@ -435,9 +435,9 @@ pub async fn a_late_worker_never_undoes_a_newer_outcome<S: Store>(store: S) {
 
 /// A worker's late record — its lease ran out and the same worker leased the row again — does
 /// not move the row: the attempt carries the end of the lease it was made under, and the row
-/// is under a newer one (the owner's name alone cannot tell them apart). The newer lease's
-/// attempt moves it; a wait under the old lease moves nothing either. Each lease handed out
-/// names its end.
+/// is under a newer one (the owner's name alone cannot tell them apart), or under none once
+/// the newer lease's attempt was recorded. Only each lease's own attempt moves the row; a wait
+/// under the old lease moves nothing either. Each lease handed out names its end.
 pub async fn a_record_under_a_lease_taken_again_by_its_own_worker_moves_nothing<S: Store>(
     store: S,
 ) {
@@ -485,21 +485,46 @@ pub async fn a_record_under_a_lease_taken_again_by_its_own_worker_moves_nothing<
         "the newer lease still holds the row"
     );
 
-    let mut done = attempt(rows[0], expired, Some(200), None, Delivered);
-    done.lease_until = newer.lease_until;
+    // The newer lease's attempt moves it: a retry, which leaves the row under no lease.
+    let mut retry = attempt(
+        rows[0],
+        expired,
+        Some(503),
+        Some("HTTP 503"),
+        RetryAt(at(50)),
+    );
+    retry.lease_until = newer.lease_until;
     let next = store
-        .record_attempt_and_lease(done, at(40), LEASE)
+        .record_attempt_and_lease(retry, at(40), LEASE)
         .await
         .expect("record_attempt_and_lease");
+    assert!(next.is_none(), "the other row is under the newer lease too");
+    let row = delivery(&store, rows[0]).await;
+    assert_eq!(row.state, DeliveryState::Pending);
+    assert_eq!((row.attempts, row.next_attempt_at), (1, Some(at(50))));
+    // The first lease's record, later still, finds the row under no lease: it names a lease
+    // that is over, so it moves nothing either.
+    let mut late = attempt(rows[0], at(2), Some(500), Some("HTTP 500"), DeadLetter);
+    late.lease_until = first[0].lease_until;
+    store.record_attempt(late).await.expect("record_attempt");
     let row = delivery(&store, rows[0]).await;
     assert_eq!(
         row.state,
-        DeliveryState::Delivered,
-        "the newer lease's attempt moves it"
+        DeliveryState::Pending,
+        "the newer outcome stands"
     );
-    assert_eq!(row.attempts, 1);
-    assert_eq!(row.history.len(), 3);
-    assert!(next.is_none(), "the other row is under the newer lease too");
+    assert_eq!((row.attempts, row.next_attempt_at), (1, Some(at(50))));
+    assert_eq!(row.history.len(), 4);
+
+    // The retry's own lease delivers it.
+    let third = lease(&store, WORKER, at(50), 10).await;
+    let third = third.iter().find(|d| d.id == rows[0]).expect("due again");
+    let mut done = attempt(rows[0], at(50), Some(200), None, Delivered);
+    done.lease_until = third.lease_until;
+    store.record_attempt(done).await.expect("record_attempt");
+    let row = delivery(&store, rows[0]).await;
+    assert_eq!(row.state, DeliveryState::Delivered);
+    assert_eq!((row.attempts, row.history.len()), (2, 5));
 }
 
 /// A deliberate redelivery queues new deliveries, each with its own id and the event's
