@@ -1,16 +1,36 @@
 //! Time as the core sees it: a plain number passed in by the caller.
 //!
 //! Nothing in `core` reads a clock. Callers pass a [`Timestamp`], so tests move time by hand.
+//! The one clock callers at the edge read, [`Timestamp::now`], is the wall clock unless a
+//! deterministic simulation runs the gateway on its thread under a clock of its own
+//! ([`simulate_clock`]).
 
+use std::cell::Cell;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+thread_local! {
+    /// This thread's simulated clock, if a simulation set one.
+    static SIMULATED: Cell<Option<fn() -> Timestamp>> = const { Cell::new(None) };
+}
+
+/// Makes [`Timestamp::now`] on this thread read `clock` instead of the wall clock; `None` gives
+/// the wall clock back. For simulations that run the whole gateway on one thread under a
+/// virtual clock (RELIABILITY.md, T24): the server never sets it.
+pub fn simulate_clock(clock: Option<fn() -> Timestamp>) {
+    SIMULATED.with(|c| c.set(clock));
+}
 
 /// Milliseconds since the Unix epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub i64);
 
 impl Timestamp {
-    /// The wall clock, for callers at the edge (the server, the CLI).
+    /// The wall clock, for callers at the edge (the server, the CLI); a simulation's clock on
+    /// a thread it set one on ([`simulate_clock`]).
     pub fn now() -> Timestamp {
+        if let Some(clock) = SIMULATED.with(Cell::get) {
+            return clock();
+        }
         let since = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);

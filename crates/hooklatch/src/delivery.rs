@@ -117,7 +117,7 @@ pub struct Worker {
     pub(crate) providers: HashMap<String, &'static str>,
     /// One client per HTTP destination, by name, each with its destination's address policy
     /// (`crate::outbound`).
-    pub(crate) clients: HashMap<String, reqwest::Client>,
+    pub(crate) clients: HashMap<String, Arc<dyn Post>>,
     pub(crate) owner: String,
     pub(crate) concurrency: usize,
     pub(crate) poll_interval: Duration,
@@ -298,20 +298,25 @@ impl Worker {
                     &mut next_due,
                 )
                 .await;
+            // In this order, not at random: a task that finished frees its place before
+            // anything else is looked at, and a wake left unread here stays stored for the
+            // next turn (`Notify` keeps its permit). One order also makes a run repeat itself
+            // under the deterministic simulation (RELIABILITY.md, T24).
             look = tokio::select! {
+                biased;
                 _ = cancel.cancelled() => break,
-                // Rows written due (an ingest not handed over, another instance's, a
-                // redrive): ask the store.
-                _ = this.enqueued.notified() => true,
-                // Handed over: taken at the top of the loop, by the dispatcher or by a task
-                // that got there first; the store has nothing new for a caught-up worker.
-                _ = this.handoff.handed() => !this.handoff.caught_up(),
                 Some(joined) = in_flight.join_next(), if !in_flight.is_empty() => {
                     if let Err(err) = joined {
                         tracing::error!(%err, "a delivery task panicked");
                     }
                     !this.handoff.caught_up()
                 }
+                // Rows written due (an ingest not handed over, another instance's, a
+                // redrive): ask the store.
+                _ = this.enqueued.notified() => true,
+                // Handed over: taken at the top of the loop, by the dispatcher or by a task
+                // that got there first; the store has nothing new for a caught-up worker.
+                _ = this.handoff.handed() => !this.handoff.caught_up(),
                 _ = tokio::time::sleep(sleep) => true,
             };
         }
@@ -722,7 +727,38 @@ impl Worker {
             .get(&dest.name)
             .ok_or_else(|| format!("no HTTP client for destination {:?}", dest.name))?;
         let (body, headers) = outgoing(delivery, attempt, secret.as_ref(), now);
-        let mut req = client.post(url.clone()).timeout(dest.timeout).body(body);
+        client.post(url, dest.timeout, body, headers).await
+    }
+}
+
+/// Sends an HTTP destination's attempts: in the gateway a `reqwest::Client` holding the
+/// destination's address policy and TLS settings ([`crate::outbound::client`]); in the
+/// deterministic simulation (RELIABILITY.md, T24) the simulated application.
+#[async_trait::async_trait]
+pub(crate) trait Post: Send + Sync {
+    /// POSTs `body` with `headers` to `url`, giving up after `timeout`: the answer's status
+    /// and any `Retry-After`, or an error message that holds no secret.
+    async fn post(
+        &self,
+        url: &url::Url,
+        timeout: Duration,
+        body: bytes::Bytes,
+        headers: Vec<(String, Vec<u8>)>,
+    ) -> Result<(u16, Option<String>), String>;
+}
+
+#[async_trait::async_trait]
+impl Post for reqwest::Client {
+    async fn post(
+        &self,
+        url: &url::Url,
+        timeout: Duration,
+        body: bytes::Bytes,
+        headers: Vec<(String, Vec<u8>)>,
+    ) -> Result<(u16, Option<String>), String> {
+        let mut req = reqwest::Client::post(self, url.clone())
+            .timeout(timeout)
+            .body(body);
         for (name, value) in &headers {
             req = req.header(name.as_str(), value.as_slice());
         }
@@ -735,7 +771,7 @@ impl Worker {
                     .map(str::to_owned);
                 Ok((res.status().as_u16(), retry_after))
             }
-            Err(err) => Err(describe(&err, dest.timeout)),
+            Err(err) => Err(describe(&err, timeout)),
         }
     }
 }
@@ -1185,7 +1221,8 @@ mod tests {
             providers: HashMap::new(),
             clients: HashMap::from([(
                 "app".to_owned(),
-                crate::outbound::client(loopback(), &Default::default()).unwrap(),
+                Arc::new(crate::outbound::client(loopback(), &Default::default()).unwrap())
+                    as Arc<dyn Post>,
             )]),
             owner: "test-worker".to_owned(),
             concurrency,

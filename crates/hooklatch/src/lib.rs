@@ -38,6 +38,8 @@ mod maintenance;
 mod outbound;
 pub mod replay;
 mod server;
+#[cfg(test)]
+mod simulation;
 mod tls_files;
 pub mod trust;
 
@@ -244,15 +246,8 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     }
 
     let ready = Arc::new(AtomicBool::new(false));
-    let longest_timeout = settings
-        .destinations
-        .iter()
-        .map(|d| d.timeout)
-        .max()
-        .unwrap_or(Duration::from_secs(30));
     let owner = format!("{}-{}", std::process::id(), rand::random::<u32>());
-    // A lease outlives any attempt: the longest timeout twice over, plus a margin.
-    let lease = longest_timeout * 2 + Duration::from_secs(10);
+    let lease = lease_for(&settings);
     let handoff = Arc::new(hooklatch_http::Handoff::new(
         owner.clone(),
         lease,
@@ -354,23 +349,18 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             config::DestinationKind::Http { .. } | config::DestinationKind::Listen { .. } => None,
         })
         .collect();
-    let providers = settings
-        .sources
-        .iter()
-        .map(|s| (s.name.to_string(), s.adapter.provider()))
-        .collect();
     let worker = delivery::Worker {
         store: store.clone(),
         destinations,
         publishers: publishers.clone(),
-        providers,
+        providers: providers_of(&settings),
         clients: settings
             .destinations
             .iter()
             .filter_map(|d| match &d.kind {
                 config::DestinationKind::Http { allow, tls, .. } => Some(
                     outbound::client(allow.clone(), tls)
-                        .map(|client| (d.name.clone(), client))
+                        .map(|client| (d.name.clone(), Arc::new(client) as Arc<dyn delivery::Post>))
                         .context("building a delivery HTTP client"),
                 ),
                 _ => None,
@@ -459,6 +449,27 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     drop(opened);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How long a worker's lease on a delivery lasts: longer than any attempt, the longest
+/// destination timeout twice over plus a margin.
+fn lease_for(settings: &Settings) -> Duration {
+    let longest_timeout = settings
+        .destinations
+        .iter()
+        .map(|d| d.timeout)
+        .max()
+        .unwrap_or(Duration::from_secs(30));
+    longest_timeout * 2 + Duration::from_secs(10)
+}
+
+/// Each source's provider, by source name (the worker's `hooklatch-provider` AMQP header).
+fn providers_of(settings: &Settings) -> HashMap<String, &'static str> {
+    settings
+        .sources
+        .iter()
+        .map(|s| (s.name.to_string(), s.adapter.provider()))
+        .collect()
 }
 
 /// Whether other gateways may share the store (and so hold a `listen` destination's listener):

@@ -19,10 +19,24 @@ use hooklatch_core::store::{
 };
 use hooklatch_core::{DeliveryId, Store, StoreError, Timestamp};
 
-/// `S` with every call counted by its operation's name.
+/// `S` with every call counted by its operation's name, and, as a [`Store`], failing the calls
+/// its faults pick ([`Counting::with_faults`]).
 pub struct Counting<S> {
     inner: S,
     calls: Mutex<BTreeMap<&'static str, u64>>,
+    faults: Option<Faults>,
+}
+
+/// Picks, by its operation's name, whether a store call fails and how.
+pub type Faults = Box<dyn Fn(&'static str) -> Option<Fault> + Send + Sync>;
+
+/// How a store call fails: before the store sees it, or after it did the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing reaches the store and nothing is done: the database away.
+    Before,
+    /// The store does the work, and its answer is lost: a connection cut after the commit.
+    After,
 }
 
 impl<S> Counting<S> {
@@ -31,6 +45,36 @@ impl<S> Counting<S> {
         Counting {
             inner,
             calls: Mutex::default(),
+            faults: None,
+        }
+    }
+
+    /// Wraps `inner` with `faults` deciding, call by call, which store calls fail (each
+    /// failure is [`StoreError::Unavailable`], as a lost database gives).
+    pub fn with_faults(inner: S, faults: Faults) -> Counting<S> {
+        Counting {
+            faults: Some(faults),
+            ..Counting::new(inner)
+        }
+    }
+
+    /// Runs a store call's `work` unless the faults fail it first; fails it after if they say
+    /// so.
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let fault = self.faults.as_ref().and_then(|faults| faults(operation));
+        let lost =
+            || StoreError::Unavailable(format!("{operation}: the store is away (a test's fault)"));
+        match fault {
+            None => work.await,
+            Some(Fault::Before) => Err(lost()),
+            Some(Fault::After) => {
+                let _ = work.await;
+                Err(lost())
+            }
         }
     }
 
@@ -68,13 +112,15 @@ impl<S> Counting<S> {
 #[async_trait::async_trait]
 impl<S: Store> Store for Counting<S> {
     async fn ingest(&self, ingest: Ingest) -> Result<IngestOutcome, StoreError> {
-        self.hit("ingest").ingest(ingest).await
+        self.call("ingest", self.hit("ingest").ingest(ingest)).await
     }
 
     async fn record_rejection(&self, rejected: Rejected) -> Result<RequestId, StoreError> {
-        self.hit("record_rejection")
-            .record_rejection(rejected)
-            .await
+        self.call(
+            "record_rejection",
+            self.hit("record_rejection").record_rejection(rejected),
+        )
+        .await
     }
 
     async fn record_import(
@@ -82,7 +128,11 @@ impl<S: Store> Store for Counting<S> {
         request: RequestRecord,
         keys: Vec<String>,
     ) -> Result<RequestId, StoreError> {
-        self.hit("record_import").record_import(request, keys).await
+        self.call(
+            "record_import",
+            self.hit("record_import").record_import(request, keys),
+        )
+        .await
     }
 
     async fn record_handshake(
@@ -90,9 +140,12 @@ impl<S: Store> Store for Counting<S> {
         request: RequestRecord,
         status: u16,
     ) -> Result<RequestId, StoreError> {
-        self.hit("record_handshake")
-            .record_handshake(request, status)
-            .await
+        self.call(
+            "record_handshake",
+            self.hit("record_handshake")
+                .record_handshake(request, status),
+        )
+        .await
     }
 
     async fn lease_due(
@@ -102,13 +155,19 @@ impl<S: Store> Store for Counting<S> {
         lease: Duration,
         limit: u32,
     ) -> Result<Vec<LeasedDelivery>, StoreError> {
-        self.hit("lease_due")
-            .lease_due(owner, now, lease, limit)
-            .await
+        self.call(
+            "lease_due",
+            self.hit("lease_due").lease_due(owner, now, lease, limit),
+        )
+        .await
     }
 
     async fn record_attempt(&self, result: AttemptResult) -> Result<(), StoreError> {
-        self.hit("record_attempt").record_attempt(result).await
+        self.call(
+            "record_attempt",
+            self.hit("record_attempt").record_attempt(result),
+        )
+        .await
     }
 
     async fn record_attempt_and_lease(
@@ -117,25 +176,38 @@ impl<S: Store> Store for Counting<S> {
         now: Timestamp,
         lease: Duration,
     ) -> Result<Option<LeasedDelivery>, StoreError> {
-        self.hit("record_attempt_and_lease")
-            .record_attempt_and_lease(result, now, lease)
-            .await
+        self.call(
+            "record_attempt_and_lease",
+            self.hit("record_attempt_and_lease")
+                .record_attempt_and_lease(result, now, lease),
+        )
+        .await
     }
 
     async fn release_leases(&self, owner: &str, now: Timestamp) -> Result<(), StoreError> {
-        self.hit("release_leases").release_leases(owner, now).await
+        self.call(
+            "release_leases",
+            self.hit("release_leases").release_leases(owner, now),
+        )
+        .await
     }
 
     async fn wake_destination(&self, destination: &str, now: Timestamp) -> Result<u64, StoreError> {
-        self.hit("wake_destination")
-            .wake_destination(destination, now)
-            .await
+        self.call(
+            "wake_destination",
+            self.hit("wake_destination")
+                .wake_destination(destination, now),
+        )
+        .await
     }
 
     async fn disable_destination(&self, disabled: DisabledDestination) -> Result<bool, StoreError> {
-        self.hit("disable_destination")
-            .disable_destination(disabled)
-            .await
+        self.call(
+            "disable_destination",
+            self.hit("disable_destination")
+                .disable_destination(disabled),
+        )
+        .await
     }
 
     async fn enable_destination(
@@ -143,45 +215,61 @@ impl<S: Store> Store for Counting<S> {
         destination: &str,
         now: Timestamp,
     ) -> Result<Option<u64>, StoreError> {
-        self.hit("enable_destination")
-            .enable_destination(destination, now)
-            .await
+        self.call(
+            "enable_destination",
+            self.hit("enable_destination")
+                .enable_destination(destination, now),
+        )
+        .await
     }
 
     async fn disabled_destinations(&self) -> Result<Vec<DisabledDestination>, StoreError> {
-        self.hit("disabled_destinations")
-            .disabled_destinations()
-            .await
+        self.call(
+            "disabled_destinations",
+            self.hit("disabled_destinations").disabled_destinations(),
+        )
+        .await
     }
 
     async fn wake_held(&self, now: Timestamp) -> Result<u64, StoreError> {
-        self.hit("wake_held").wake_held(now).await
+        self.call("wake_held", self.hit("wake_held").wake_held(now))
+            .await
     }
 
     async fn next_due(&self) -> Result<Option<Timestamp>, StoreError> {
-        self.hit("next_due").next_due().await
+        self.call("next_due", self.hit("next_due").next_due()).await
     }
 
     async fn list_requests(
         &self,
         filter: RequestFilter,
     ) -> Result<Vec<RequestSummary>, StoreError> {
-        self.hit("list_requests").list_requests(filter).await
+        self.call(
+            "list_requests",
+            self.hit("list_requests").list_requests(filter),
+        )
+        .await
     }
 
     async fn get_request(&self, id: RequestId) -> Result<Option<RequestDetail>, StoreError> {
-        self.hit("get_request").get_request(id).await
+        self.call("get_request", self.hit("get_request").get_request(id))
+            .await
     }
 
     async fn list_deliveries(
         &self,
         filter: DeliveryFilter,
     ) -> Result<Vec<DeliveryDetail>, StoreError> {
-        self.hit("list_deliveries").list_deliveries(filter).await
+        self.call(
+            "list_deliveries",
+            self.hit("list_deliveries").list_deliveries(filter),
+        )
+        .await
     }
 
     async fn redrive(&self, id: DeliveryId, now: Timestamp) -> Result<Redrive, StoreError> {
-        self.hit("redrive").redrive(id, now).await
+        self.call("redrive", self.hit("redrive").redrive(id, now))
+            .await
     }
 
     async fn redeliver(
@@ -190,9 +278,11 @@ impl<S: Store> Store for Counting<S> {
         destinations: Vec<String>,
         now: Timestamp,
     ) -> Result<Redelivery, StoreError> {
-        self.hit("redeliver")
-            .redeliver(request, destinations, now)
-            .await
+        self.call(
+            "redeliver",
+            self.hit("redeliver").redeliver(request, destinations, now),
+        )
+        .await
     }
 
     async fn dismiss_conflict(
@@ -201,29 +291,38 @@ impl<S: Store> Store for Counting<S> {
         reason: Option<String>,
         now: Timestamp,
     ) -> Result<Dismissal, StoreError> {
-        self.hit("dismiss_conflict")
-            .dismiss_conflict(request, reason, now)
-            .await
+        self.call(
+            "dismiss_conflict",
+            self.hit("dismiss_conflict")
+                .dismiss_conflict(request, reason, now),
+        )
+        .await
     }
 
     async fn undecided_conflicts(&self) -> Result<u64, StoreError> {
-        self.hit("undecided_conflicts").undecided_conflicts().await
+        self.call(
+            "undecided_conflicts",
+            self.hit("undecided_conflicts").undecided_conflicts(),
+        )
+        .await
     }
 
     async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError> {
-        self.hit("purge").purge(now, history_before).await
+        self.call("purge", self.hit("purge").purge(now, history_before))
+            .await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
-        self.hit("stats").stats().await
+        self.call("stats", self.hit("stats").stats()).await
     }
 
     async fn outbox_counts(&self) -> Result<OutboxCounts, StoreError> {
-        self.hit("outbox_counts").outbox_counts().await
+        self.call("outbox_counts", self.hit("outbox_counts").outbox_counts())
+            .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.hit("ping").ping().await
+        self.call("ping", self.hit("ping").ping()).await
     }
 }
 

@@ -30,5 +30,5 @@ pub mod proxy;
 #[cfg(feature = "tls")]
 pub mod tls;
 
-pub use counting::{Counting, MemoryKeys};
+pub use counting::{Counting, Fault, Faults, MemoryKeys};
 pub use memory::MemoryStore;
