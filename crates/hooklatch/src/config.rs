@@ -881,13 +881,23 @@ pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settin
             .map_err(|e| ConfigError(format!("{}: {}", path.display(), syntax_error(&text, &e))))?;
         merge(&mut doc, overlay);
     }
-    apply_env(&mut doc, env)?;
+    let overridden = apply_env(&mut doc, env)?;
     let raw: RawConfig = serde_path_to_error::deserialize(doc).map_err(|e| {
-        let origin = file.map_or("configuration".to_owned(), |p| p.display().to_string());
+        let path = e.path().to_string();
+        // A value an environment variable set is that variable's fault, not the file's.
+        let origin = overridden
+            .iter()
+            .find(|(set, _)| {
+                path == *set
+                    || path.starts_with(&format!("{set}."))
+                    || path.starts_with(&format!("{set}["))
+            })
+            .map(|(_, var)| var.to_string())
+            .or_else(|| file.map(|p| p.display().to_string()))
+            .unwrap_or_else(|| "configuration".to_owned());
         ConfigError(format!(
-            "{origin}: {}: {}",
-            e.path(),
-            without_strings(e.inner().message().trim())
+            "{origin}: {path}: {}",
+            without_values(e.inner().message().trim())
         ))
     })?;
     resolve(raw, env, file.and_then(Path::parent))
@@ -910,6 +920,22 @@ fn syntax_error(text: &str, err: &toml::de::Error) -> String {
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     format!("not valid TOML at line {line}, column {column}: {message}")
+}
+
+/// `message` with every value it quotes left out — serde's `string "…"`, and its `integer
+/// `…``, `floating point `…``, `boolean `…`` and `character `…``: a value of the wrong type
+/// may be a secret in the wrong place (a token of digits alone reads as a number).
+fn without_values(message: &str) -> String {
+    let mut out = without_strings(message);
+    for kind in ["integer", "floating point", "boolean", "character"] {
+        let quoted = format!("{kind} `");
+        while let Some(start) = out.find(&quoted) {
+            let value = start + quoted.len();
+            let end = out[value..].find('`').map_or(out.len(), |i| value + i + 1);
+            out.replace_range(start..end, &format!("a value of type {kind}"));
+        }
+    }
+    out
 }
 
 /// `message` with the text of every string value it quotes (serde's `string "…"`) left out: a
@@ -958,9 +984,32 @@ fn merge(base: &mut Value, overlay: Value) {
     }
 }
 
+/// Settings whose value is always text: from the environment, never read as a number or a
+/// boolean (a token of digits alone stays text).
+const TEXT_SETTINGS: &[&str] = &[
+    "admin_token",
+    "secret",
+    "listen_token",
+    "verify_token",
+    "client_key",
+    "amqp",
+    "url",
+];
+
+/// Settings that hold a list of text: from the environment, a value that is not a TOML list
+/// is a list of one (`HOOKLATCH_SOURCES__STRIPE__SECRETS=whsec_…`).
+const LIST_SETTINGS: &[&str] = &["secrets", "amqp_fallback", "allow", "destinations"];
+
 /// Applies `HOOKLATCH_A__B__C=value`: `a.b.c`, where a segment naming an array of tables
-/// selects the element whose `name` matches (case-insensitive, `-` written as `_`).
-fn apply_env(doc: &mut Value, env: &HashMap<String, String>) -> Result<(), ConfigError> {
+/// selects the element whose `name` matches (case-insensitive, `-` written as `_`). A value
+/// is read as TOML (`30`, `true`, `["a", "b"]`), else as text, but for [`TEXT_SETTINGS`] and
+/// [`LIST_SETTINGS`]. Returns each setting set, as the path a configuration error names
+/// (`sources[0].secrets`), with its variable.
+fn apply_env<'e>(
+    doc: &mut Value,
+    env: &'e HashMap<String, String>,
+) -> Result<Vec<(String, &'e str)>, ConfigError> {
+    let mut overridden = Vec::new();
     let mut vars: Vec<(&String, &String)> = env
         .iter()
         .filter(|(k, _)| k.starts_with("HOOKLATCH_") && k.contains("__"))
@@ -971,36 +1020,59 @@ fn apply_env(doc: &mut Value, env: &HashMap<String, String>) -> Result<(), Confi
             .split("__")
             .map(str::to_ascii_lowercase)
             .collect();
-        let value = toml::from_str::<toml::Table>(&format!("v = {raw_value}"))
+        let parsed = toml::from_str::<toml::Table>(&format!("v = {raw_value}"))
             .ok()
-            .and_then(|mut t| t.remove("v"))
-            .unwrap_or_else(|| Value::String(raw_value.clone()));
+            .and_then(|mut t| t.remove("v"));
         let mut node = &mut *doc;
+        let mut at = String::new();
         let (last, parents) = path.split_last().expect("split yields at least one part");
         for part in parents {
             node = match node {
-                Value::Table(t) => t
-                    .entry(part.clone())
-                    .or_insert_with(|| Value::Table(Default::default())),
-                Value::Array(items) => items
-                    .iter_mut()
-                    .find(|item| {
-                        item.get("name")
-                            .and_then(Value::as_str)
-                            .is_some_and(|n| n.replace('-', "_").eq_ignore_ascii_case(part))
-                    })
-                    .ok_or_else(|| err(var, format!("no entry named {part:?}")))?,
+                Value::Table(t) => {
+                    if !at.is_empty() {
+                        at.push('.');
+                    }
+                    at.push_str(part);
+                    t.entry(part.clone())
+                        .or_insert_with(|| Value::Table(Default::default()))
+                }
+                Value::Array(items) => {
+                    let (i, item) = items
+                        .iter_mut()
+                        .enumerate()
+                        .find(|(_, item)| {
+                            item.get("name")
+                                .and_then(Value::as_str)
+                                .is_some_and(|n| n.replace('-', "_").eq_ignore_ascii_case(part))
+                        })
+                        .ok_or_else(|| err(var, format!("no entry named {part:?}")))?;
+                    at.push_str(&format!("[{i}]"));
+                    item
+                }
                 _ => return Err(err(var, format!("{part:?} is not a section"))),
             };
         }
-        match node {
-            Value::Table(t) => {
-                t.insert(last.clone(), value);
-            }
-            _ => return Err(err(var, "does not name a setting")),
+        let Value::Table(t) = node else {
+            return Err(err(var, "does not name a setting"));
+        };
+        let text = || Value::String(raw_value.clone());
+        let list = LIST_SETTINGS.contains(&last.as_str());
+        let value = match parsed {
+            Some(Value::String(s)) if list => Value::Array(vec![Value::String(s)]),
+            Some(parsed @ (Value::String(_) | Value::Array(_) | Value::Table(_))) => parsed,
+            _ if list => Value::Array(vec![text()]),
+            _ if TEXT_SETTINGS.contains(&last.as_str()) => text(),
+            Some(parsed) => parsed,
+            None => text(),
+        };
+        t.insert(last.clone(), value);
+        if !at.is_empty() {
+            at.push('.');
         }
+        at.push_str(last);
+        overridden.push((at, var.as_str()));
     }
-    Ok(())
+    Ok(overridden)
 }
 
 fn resolve(
@@ -1133,6 +1205,14 @@ fn resolve(
                 return Err(err(
                     format!("{key}.destinations[{j}]"),
                     format!("no destination named {dest:?}"),
+                ));
+            }
+            // Each entry is a delivery of every event: a name listed twice would deliver
+            // each event twice, under two ids.
+            if rs.destinations[..j].contains(dest) {
+                return Err(err(
+                    format!("{key}.destinations[{j}]"),
+                    format!("{dest:?} is listed twice: each event would be delivered to it twice"),
                 ));
             }
         }
@@ -1749,6 +1829,11 @@ url = "http://app.internal:3000/webhooks/stripe"
             "sources[0].destinations[0]: no destination named \"ap\"",
         );
         check_err(
+            &EXAMPLE.replace("[\"app\"]", "[\"app\", \"app\"]"),
+            &with_secret,
+            "sources[0].destinations[1]: \"app\" is listed twice",
+        );
+        check_err(
             &format!("{EXAMPLE}\n[server]\nlisten = \"nope\""),
             &with_secret,
             "server.listen",
@@ -2217,9 +2302,49 @@ tolerance = "30s"
         let from_env = env(&[TOKEN, ("HOOKLATCH_SOURCES__STRIPE__SECRETS", &value)]);
         let msg = load_str(EXAMPLE, &from_env).unwrap_err().to_string();
         assert!(!msg.contains(FILE_SECRET), "{msg}");
-        let from_env = env(&[TOKEN, ("HOOKLATCH_SOURCES__STRIPE__SECRETS", FILE_SECRET)]);
-        let msg = load_str(EXAMPLE, &from_env).unwrap_err().to_string();
-        assert!(!msg.contains(FILE_SECRET), "{msg}");
+        assert!(
+            msg.starts_with("HOOKLATCH_SOURCES__STRIPE__SECRETS: sources[0].secrets: "),
+            "the variable is named: {msg}"
+        );
+        // One secret where a list goes is a list of one; a secret of digits alone is text.
+        for secret in [FILE_SECRET, "8675309123"] {
+            let from_env = env(&[TOKEN, ("HOOKLATCH_SOURCES__STRIPE__SECRETS", secret)]);
+            let loaded = load_str(EXAMPLE, &from_env).expect("loads");
+            assert_eq!(loaded.sources[0].secrets[0].expose(), secret.as_bytes());
+        }
+        let digits = env(&[
+            ("HOOKLATCH_SERVER__ADMIN_TOKEN", "1234567890123456"),
+            ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+        ]);
+        let loaded = load_str(EXAMPLE, &digits).expect("loads");
+        assert_eq!(loaded.admin_token.expose(), b"1234567890123456");
+        // Values of other types are left out of messages too, and a variable's mistake is
+        // blamed on the variable.
+        let msg = load_str(
+            EXAMPLE,
+            &env(&[
+                TOKEN,
+                ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+                ("HOOKLATCH_SOURCES__STRIPE__PROVIDER", "8675309123"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            msg,
+            "HOOKLATCH_SOURCES__STRIPE__PROVIDER: sources[0].provider: invalid type: a value of \
+             type integer, expected a string"
+        );
+        let msg = load_str(
+            EXAMPLE,
+            &env(&[TOKEN, ("HOOKLATCH_DELIVERY__MAX_ATTEMPS", "3")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.starts_with("HOOKLATCH_DELIVERY__MAX_ATTEMPS: delivery.max_attemps: unknown field"),
+            "{msg}"
+        );
     }
 
     /// A secret written in the file, to find in error messages.
