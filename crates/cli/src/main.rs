@@ -783,9 +783,16 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
+            // With a TLS certificate, SIGHUP reloads it (and says so); without one there is
+            // nothing to reload, and a SIGHUP (certbot's hook, a closed terminal) stops nothing.
+            let hangup = if settings.tls.is_some() {
+                None
+            } else {
+                Some("SIGHUP received: nothing to reload (no [server] tls_cert); still serving")
+            };
             runtime.block_on(async {
                 let cancel = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(cancel.clone()));
+                tokio::spawn(cancel_on_signal(cancel.clone(), hangup));
                 hooklatch::serve(settings, cancel).await
             })?;
             Ok(Outcome::Passed)
@@ -882,7 +889,9 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
-async fn cancel_on_signal(cancel: CancellationToken) {
+/// Cancels `cancel` on Ctrl-C or SIGTERM. SIGHUP never stops the process (its default
+/// would): it is logged with `on_hangup`, or left to the TLS reload that listens for it.
+async fn cancel_on_signal(cancel: CancellationToken, on_hangup: Option<&'static str>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
@@ -895,13 +904,39 @@ async fn cancel_on_signal(cancel: CancellationToken) {
                 return;
             }
         };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => tracing::info!("ctrl-c received"),
-            _ = term.recv() => tracing::info!("SIGTERM received"),
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(err) => {
+                tracing::warn!(%err, "cannot listen for SIGHUP: one would stop the process");
+                None
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {
+                    tracing::info!("ctrl-c received");
+                    break;
+                }
+                _ = term.recv() => {
+                    tracing::info!("SIGTERM received");
+                    break;
+                }
+                Some(()) = async {
+                    match hangup.as_mut() {
+                        Some(h) => h.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    if let Some(message) = on_hangup {
+                        tracing::info!("{message}");
+                    }
+                }
+            }
         }
     }
     #[cfg(not(unix))]
     {
+        let _ = on_hangup;
         let _ = tokio::signal::ctrl_c().await;
     }
     cancel.cancel();
@@ -981,7 +1016,10 @@ fn listen(args: ListenArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
     );
     client_runtime()?.block_on(async {
         let cancel = CancellationToken::new();
-        tokio::spawn(cancel_on_signal(cancel.clone()));
+        tokio::spawn(cancel_on_signal(
+            cancel.clone(),
+            Some("SIGHUP received: ignored; the listener goes on (Ctrl-C or SIGTERM stops it)"),
+        ));
         hooklatch::listener::run(options, cancel, |event| {
             use std::io::Write;
             // A closed stdout (`| head`) loses the line, and never stops the listener.

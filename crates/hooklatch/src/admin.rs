@@ -41,6 +41,17 @@ pub enum AdminError {
     /// No such request or delivery.
     #[error("{0} not found on the gateway")]
     NotFound(String),
+    /// What answered has no such route: not a gateway's admin API.
+    #[error(
+        "{base} has no {path}: is --admin the gateway's admin listener ([server] admin_listen), \
+         not its ingest listener or another service?"
+    )]
+    NotTheAdminApi {
+        /// The admin base URL.
+        base: String,
+        /// The route asked for.
+        path: String,
+    },
     /// The id is neither `req_N` nor `dlv_N`.
     #[error("{0:?} is not a request or delivery id (req_N or dlv_N)")]
     BadId(String),
@@ -214,10 +225,21 @@ impl AdminClient {
         let res = req.send().await.map_err(transport)?;
         let status = res.status().as_u16();
         let bytes = res.bytes().await.map_err(transport)?;
-        if status == 404 {
-            return Ok(None);
-        }
         let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if status == 404 {
+            // The API's own "no such request/delivery" is an answer. Any other 404 — a route
+            // this server does not have — means `--admin` names something else: the ingest
+            // listener, another service. Reading that as "nothing there" would report an
+            // empty dead-letter to a monitoring script.
+            let message = value["message"].as_str().unwrap_or_default();
+            if value["code"] == "not_found" && !message.starts_with("no such route") {
+                return Ok(None);
+            }
+            return Err(AdminError::NotTheAdminApi {
+                base: self.base.clone(),
+                path: path.to_owned(),
+            });
+        }
         if !(200..300).contains(&status) {
             let message = value["message"]
                 .as_str()

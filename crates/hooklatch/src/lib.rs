@@ -472,6 +472,18 @@ fn providers_of(settings: &Settings) -> HashMap<String, &'static str> {
         .collect()
 }
 
+/// `url` as logs may show it: without its user, password and query (`?token=…` is as secret
+/// as a password).
+fn loggable(url: &url::Url) -> url::Url {
+    let mut url = url.clone();
+    let _ = url.set_password(None);
+    let _ = url.set_username("");
+    if url.query().is_some() {
+        url.set_query(Some("redacted"));
+    }
+    url
+}
+
 /// Whether other gateways may share the store (and so hold a `listen` destination's listener):
 /// PostgreSQL; one `serve` holds a SQLite file.
 fn store_is_shared(store: &config::StoreSettings) -> bool {
@@ -518,9 +530,7 @@ fn log_effective_config(settings: &Settings) {
                 allow,
                 tls,
             } => {
-                let mut url = url.clone();
-                let _ = url.set_password(None);
-                let _ = url.set_username("");
+                let url = loggable(url);
                 tracing::info!(
                     destination = %d.name,
                     url = %url,
@@ -554,6 +564,33 @@ fn log_effective_config(settings: &Settings) {
     }
     if settings.sources.is_empty() {
         tracing::warn!("no [[sources]] configured: every request to /in/... will get 404");
+    }
+    for s in settings
+        .sources
+        .iter()
+        .filter(|s| s.destinations.is_empty())
+    {
+        tracing::warn!(source = %s.name,
+            "the source has no destinations: its events are verified, claimed and kept in \
+             history, and delivered nowhere; a provider's retries of them are duplicates, \
+             also after a destination is added (redeliver them from history)");
+    }
+}
+
+#[cfg(test)]
+mod loggable_tests {
+    #[test]
+    fn a_logged_url_has_no_credentials_and_no_query() {
+        let url = "https://user:s3cret@app.example:8443/hooks?token=qs3cret&x=1#part"
+            .parse()
+            .unwrap();
+        let shown = super::loggable(&url).to_string();
+        assert_eq!(shown, "https://app.example:8443/hooks?redacted#part");
+        let plain = "http://127.0.0.1:3000/webhooks".parse().unwrap();
+        assert_eq!(
+            super::loggable(&plain).as_str(),
+            "http://127.0.0.1:3000/webhooks"
+        );
     }
 }
 

@@ -15,6 +15,7 @@ mod support;
 #[path = "../common/test_database.rs"]
 mod test_database;
 
+mod admin_cli;
 mod api_fuzz;
 mod booking;
 mod crash;

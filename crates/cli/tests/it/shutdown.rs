@@ -1,10 +1,12 @@
-//! Graceful shutdown on SIGTERM.
+//! Graceful shutdown on SIGTERM, and SIGHUP stopping nothing.
 //!
 //! Proves that an idle gateway exits with status 0 soon after SIGTERM, and that what it had
 //! claimed lives on disk, not in its memory: after a restart on the same file, a replay of an
 //! event delivered before the shutdown is answered as a duplicate and not forwarded again.
 
-use crate::support::{stripe_headers, stripe_invoice_paid, unique, Behaviour, Gateway, Handler};
+use crate::support::{
+    stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler, Options,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_idle_makes_the_gateway_exit_with_status_0() {
@@ -39,4 +41,37 @@ async fn an_event_claimed_before_sigterm_is_still_a_duplicate_after_restart() {
     assert_eq!(json["status"], "duplicate", "{json}");
     assert_eq!(gw.deliveries_for(&key).await.len(), 1);
     assert_eq!(handler.count_for(&key), 1);
+}
+
+/// SIGHUP stops nothing: certbot's deploy hook (`pkill -HUP -x hooklatch`, README) reaches every
+/// gateway on the host, and a closed terminal sends it too. A gateway without a TLS
+/// certificate, which has nothing to reload, says so and goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_without_a_tls_certificate_stops_nothing() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start_with(
+        &handler,
+        Options {
+            log_level: "info",
+            ..Options::default()
+        },
+    )
+    .await;
+    gw.signal("HUP");
+    wait_until("the gateway logs the SIGHUP", || {
+        gw.log().contains("SIGHUP received: nothing to reload")
+    })
+    .await;
+    assert!(gw.try_wait().is_none(), "the gateway stopped on SIGHUP");
+
+    let event_id = unique("evt_after_hup");
+    let key = format!("stripe:{event_id}");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!((status, json["status"].as_str()), (200, Some("accepted")));
+    gw.wait_for_delivery_state(&key, "delivered").await;
+
+    gw.sigterm();
+    let status = gw.wait_exit().await;
+    assert!(status.success(), "exit status {status}");
 }

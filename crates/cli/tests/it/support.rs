@@ -955,6 +955,11 @@ jitter = {jitter:?}
         )
     }
 
+    /// The ingest listener's base URL (`http://127.0.0.1:PORT`).
+    pub fn ingest_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.ingest_port)
+    }
+
     /// The admin API's base URL (`http://127.0.0.1:PORT`), for the CLI's `--admin`.
     pub fn admin_url(&self) -> String {
         format!("http://127.0.0.1:{}", self.admin_port)
@@ -1092,7 +1097,7 @@ jitter = {jitter:?}
     }
 
     /// The exit status, if the process has exited (it is then forgotten).
-    fn try_wait(&self) -> Option<ExitStatus> {
+    pub fn try_wait(&self) -> Option<ExitStatus> {
         let mut child = self.child.lock().expect("child lock");
         let status = child
             .as_mut()
@@ -1105,12 +1110,17 @@ jitter = {jitter:?}
 
     /// Sends SIGTERM (the process is left running until it exits by itself).
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal named `name` (`TERM`, `HUP`) with `kill`.
+    pub fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{name}"))
             .arg(self.pid().to_string())
             .status()
-            .expect("running kill -TERM");
-        assert!(status.success(), "kill -TERM failed: {status}");
+            .expect("running kill");
+        assert!(status.success(), "kill -{name} failed: {status}");
     }
 
     /// Waits (bounded) for the process to exit and returns its status.
