@@ -28,7 +28,21 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// one durable transaction, answers 2xx fast, and delivers to your application with retries,
 /// a dead-letter and the same Idempotency-Key on every attempt.
 #[derive(Debug, Parser)]
-#[command(name = "hooklatch", version, propagate_version = true)]
+#[command(
+    name = "hooklatch",
+    version,
+    propagate_version = true,
+    after_help = "Examples:
+  # Run the gateway on the embedded store
+  HOOKLATCH_ADMIN_TOKEN=dev-admin-token-0123456789 hooklatch serve --config hooklatch.toml
+
+  # Send it a signed test event, then look at the dead-letter
+  hooklatch send stripe --id evt_1 --secret whsec_local_development_only \\
+      --to http://127.0.0.1:8080/in/stripe
+  hooklatch dlq list --config hooklatch.toml
+
+Every verb has its own --help with examples."
+)]
 struct Cli {
     /// CA certificates (PEM) to trust besides the built-in roots when this command connects
     /// over HTTPS: to a gateway, its admin API, or a local app on a private CA's certificate.
@@ -45,7 +59,8 @@ enum Command {
     #[command(after_help = "\
 Examples:
   # The embedded store and the example config:
-  HOOKLATCH_ADMIN_TOKEN=dev-admin-token-0123456789 hooklatch serve --config examples/hooklatch.toml
+  HOOKLATCH_ADMIN_TOKEN=dev-admin-token-0123456789 hooklatch serve --config \\
+      examples/hooklatch.toml
 
   # Override any setting from the environment (SECTION__KEY):
   HOOKLATCH_SERVER__LISTEN=0.0.0.0:8080 hooklatch serve --config hooklatch.toml
@@ -73,14 +88,18 @@ server.tls_cert, SIGHUP reads the certificate and key again.")]
     #[command(after_help = "\
 Examples:
   # A Stripe invoice.payment_succeeded, signed with the example config's secret:
-  hooklatch send stripe --secret whsec_local_development_only --to http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --secret whsec_local_development_only --to \\
+      http://127.0.0.1:8080/in/stripe
 
   # The same event id twice: the second answer says \"duplicate\"
-  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to http://127.0.0.1:8080/in/stripe
-  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to \\
+      http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to \\
+      http://127.0.0.1:8080/in/stripe
 
   # A GitHub pull_request, the secret read from the environment:
-  hooklatch send github --event pull_request --secret env:GITHUB_WEBHOOK_SECRET --to http://127.0.0.1:8080/in/github
+  hooklatch send github --event pull_request --secret env:GITHUB_WEBHOOK_SECRET --to \\
+      http://127.0.0.1:8080/in/github
 
   # What there is to send:
   hooklatch send --list")]
@@ -114,14 +133,16 @@ destination, or another listener takes the destination over.")]
 Examples:
   # Request req_42 from the local gateway's history, ten times at once, at your handler,
   # re-signed with the source's secret from the gateway's config (fresh timestamps):
-  hooklatch replay req_42 --config hooklatch.toml --to http://127.0.0.1:3000/webhooks/stripe --times 10 --concurrency 10
+  hooklatch replay req_42 --config hooklatch.toml --to \\
+      http://127.0.0.1:3000/webhooks/stripe --times 10 --concurrency 10
 
   # The request behind delivery dlv_7, through the gateway's ingest: the first may be
   # accepted, the rest must come back \"duplicate\":
   hooklatch replay dlv_7 --config hooklatch.toml --via-gateway --times 5
 
   # A capture exported from production, on a laptop, signed with a local secret:
-  hooklatch replay prod.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe
+  hooklatch replay prod.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to \\
+      http://127.0.0.1:3000/webhooks/stripe
 
   # The bytes exactly as captured (an old Stripe capture is then refused as stale):
   hooklatch replay prod.json --original --via-gateway --gateway http://127.0.0.1:8080
@@ -141,11 +162,13 @@ Examples:
     --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db sqlite://app.db
 
   # The same against PostgreSQL, plus a conflicting body, in CI (exit status 1 on failure):
-  hooklatch check --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe \\
+  hooklatch check --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to \\
+      http://127.0.0.1:3000/webhooks/stripe \\
     --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db postgres://app@localhost/app --conflict --json
 
   # A captured production event, effects counted by a command (the key is in $HOOKLATCH_KEY):
-  hooklatch check --capture prod.json --config hooklatch.toml --to http://127.0.0.1:3000/webhooks/stripe \\
+  hooklatch check --capture prod.json --config hooklatch.toml --to \\
+      http://127.0.0.1:3000/webhooks/stripe \\
     --effects-cmd 'psql -tA -c \"SELECT count(*) FROM credits WHERE event_id = '\\''$HOOKLATCH_KEY'\\''\" app'
 
 :key is a bind parameter (the event's key, as text), never pasted into the SQL. Exit status: 0
@@ -158,40 +181,55 @@ Examples:
   # 10,000 pre-signed Stripe events, 10 % duplicates, 64 in flight, beside the HTTP ceiling,
   # with the gateway's peak memory:
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
-    --events 10000 --duplicates 0.1 --body-size 2048 --concurrency 64 --baseline --pid \"$(pgrep -n hooklatch)\"
+    --events 10000 --duplicates 0.1 --body-size 2048 --concurrency 64 --baseline --pid \\
+        \"$(pgrep -n hooklatch)\"
 
   # Open loop at 2,000 requests/s for 10 s (latency from each request's due time):
-  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --rate 2000 --duration 10s --events 20000
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
+      --rate 2000 --duration 10s --events 20000
 
   # The same after 2 s of the same load that is not counted (a gateway's steady state):
-  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --rate 2000 --warmup 2s --duration 10s --events 20000
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
+      --rate 2000 --warmup 2s --duration 10s --events 20000
 
   # End-to-end delivery: the gateway's destination is http://127.0.0.1:9090/sink
-  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 5000 --sink-listen 127.0.0.1:9090
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
+      --events 5000 --sink-listen 127.0.0.1:9090
 
   # How fast a backlog drains: queue 20,000 events on a gateway with delivery off, then start
   # the sink, then the gateway again with delivery on (its destination http://127.0.0.1:9090/sink):
   hooklatch bench --drain 20000 --sink-listen 127.0.0.1:9090 --sink-wait 120s
 
   # For scripts (bench/run builds its table from this):
-  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only --events 200 --json
+  hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
+      --events 200 --json
 
 Duplicates are a share of all requests: byte-identical copies, half sent right behind their
 original, half after it was answered. Exit status: 0 when every request was answered 200 (with
 --drain: when every event arrived), 1 when any was not, 2 when the bench could not run.")]
     Bench(BenchArgs),
     /// Work with the gateway's history of events.
+    #[command(after_help = "Examples:
+  hooklatch events list --source stripe --verdict conflict --config hooklatch.toml
+  hooklatch events export req_12 --out capture.json --config hooklatch.toml")]
     Events {
         #[command(subcommand)]
         command: EventsCommand,
     },
     /// Work with the dead-letter: deliveries that ran out of attempts.
+    #[command(after_help = "Examples:
+  hooklatch dlq list --config hooklatch.toml
+  hooklatch dlq retry dlv_7 --config hooklatch.toml
+  hooklatch dlq retry --all --destination app --config hooklatch.toml")]
     Dlq {
         #[command(subcommand)]
         command: DlqCommand,
     },
     /// See and change which destinations are disabled: a destination that answers 410 Gone is
     /// disabled, and its deliveries wait, uncounted, until it is enabled.
+    #[command(after_help = "Examples:
+  hooklatch destinations list --config hooklatch.toml
+  hooklatch destinations enable app --config hooklatch.toml")]
     Destinations {
         #[command(subcommand)]
         command: DestinationsCommand,
@@ -202,7 +240,8 @@ Examples:
   # Before rolling out a new version to several instances on one PostgreSQL:
   hooklatch migrate --config hooklatch.toml
 
-  HOOKLATCH_STORE__URL=postgres://hooklatch@db.internal/hooklatch hooklatch migrate --config hooklatch.toml
+  HOOKLATCH_STORE__URL=postgres://hooklatch@db.internal/hooklatch hooklatch migrate \\
+      --config hooklatch.toml
 
 Safe to run while instances are serving and from several places at once (an advisory lock
 serializes migrations on PostgreSQL).")]
@@ -298,10 +337,12 @@ Examples:
   hooklatch events export req_41 req_42 --out captures.json
 
   # The last day's accepted Stripe events (at most 100), providers named from the config:
-  hooklatch events export --source stripe --verdict accepted --since 24h --config hooklatch.toml --out stripe.json
+  hooklatch events export --source stripe --verdict accepted --since 24h --config \\
+      hooklatch.toml --out stripe.json
 
   # Then, anywhere:
-  hooklatch replay stripe.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe
+  hooklatch replay stripe.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to \\
+      http://127.0.0.1:3000/webhooks/stripe
 
   # With the provider's signature headers, to send a capture exactly as received (--original):
   hooklatch events export req_41 --keep-signatures --out captured.json
@@ -338,7 +379,8 @@ Examples:
   hooklatch events redeliver req_42 --config hooklatch.toml
 
   # Only to one destination, on another gateway:
-  hooklatch events redeliver req_42 --destination app --admin http://10.0.0.5:8081 --token \"$TOKEN\"
+  hooklatch events redeliver req_42 --destination app --admin http://10.0.0.5:8081 \\
+      --token \"$TOKEN\"
 
 Every call queues anew (nothing is swallowed as a duplicate); the handler sees the same
 Idempotency-Key as the first delivery, so a guarded handler changes nothing. A conflict (the
@@ -364,7 +406,8 @@ Examples:
   # The conflicts waiting for a decision:
   hooklatch events list --verdict conflict --config hooklatch.toml
 
-  hooklatch events dismiss req_57 --reason \"test-mode resend with a changed amount\" --config hooklatch.toml
+  hooklatch events dismiss req_57 --reason \"test-mode resend with a changed amount\" \\
+      --config hooklatch.toml
 
 Exit status: 0 when dismissed, 1 when the request is not an undecided conflict, 2 when the
 gateway could not be asked.")]
@@ -438,7 +481,8 @@ Examples:
     /// a maintenance window, or an endpoint being moved).
     #[command(after_help = "\
 Examples:
-  hooklatch destinations disable app --reason \"moving to the new cluster\" --config hooklatch.toml")]
+  hooklatch destinations disable app --reason \"moving to the new cluster\" --config \\
+      hooklatch.toml")]
     Disable {
         /// The destination's name.
         name: String,

@@ -326,6 +326,33 @@ async fn replay_explains_what_it_cannot_do() {
 // ---------------------------------------------------------------------------------------------
 // check
 
+/// A handler that is not running is no handler to judge: `check` says it could not reach it
+/// and exits 2 ("could not run"), instead of failing every phase with "the handler refused
+/// the event".
+#[tokio::test(flavor = "multi_thread")]
+async fn check_against_no_handler_could_not_run() {
+    let out = hooklatch(&[
+        "check",
+        "--provider",
+        "stripe",
+        "--secret",
+        STRIPE_SECRET,
+        "--to",
+        "http://127.0.0.1:9/",
+        "--times",
+        "2",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("no answer from the handler at http://127.0.0.1:9/"),
+        "{}",
+        show(&out)
+    );
+    assert!(!stderr.contains("refused the event"), "{}", show(&out));
+}
+
 /// `hooklatch check` of a Stripe event against `service`, effects counted with `db`.
 async fn check(service: &CreditService, db: &str, extra: &[&str]) -> std::process::Output {
     let url = service.url();

@@ -55,6 +55,14 @@ pub enum CheckError {
     /// The capture has no event key to bind to `:key`.
     #[error("the capture has no event key (was it refused?); check needs one")]
     NoKey,
+    /// Nothing answered the first delivery: no handler to check.
+    #[error("no answer from the handler at {to} ({error}): is it running there?")]
+    Unreachable {
+        /// `--to`.
+        to: String,
+        /// The first request's transport error.
+        error: String,
+    },
 }
 
 /// What to deliver.
@@ -271,6 +279,16 @@ pub async fn check(
 
     // 1. sequential
     let (responses, before, after) = runner.run(&prepared.first, &key_a, n, 1).await?;
+    // Not one HTTP answer: there is no handler to judge (a refused connection is not the
+    // handler refusing the event), so the check could not run.
+    if responses.iter().all(|r| r.status.is_none()) {
+        if let Some(first) = responses.iter().min_by_key(|r| r.n) {
+            return Err(CheckError::Unreachable {
+                to: opts.to.clone(),
+                error: first.describe(),
+            });
+        }
+    }
     let mut failures = answer_failures(&responses, true);
     if let Some(after) = after {
         if after > opts.expect {
