@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use hooklatch::admin::{AdminClient, HistoryFilter, DEFAULT_ADMIN_URL};
 use hooklatch::check::{CheckInput, CheckOptions};
-use hooklatch::config::{self, LogFormat, Settings};
+use hooklatch::config::{self, AdminSettings, LogFormat, Settings};
 use hooklatch::effect::EffectProbe;
 use hooklatch::replay::{ReplayOptions, SignMode, Signer, Target};
 use hooklatch_core::Timestamp;
@@ -877,7 +877,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let doc: serde_json::Value = serde_json::from_slice(&text)
                 .with_context(|| format!("{} is not JSON", file.display()))?;
-            let settings = load_config(&admin, &env)?;
+            let settings = load_admin_config(&admin, &env)?;
             let client = admin_client(&admin, settings.as_ref());
             let ids = client_runtime()?.block_on(client.import(doc))?;
             for id in &ids {
@@ -890,8 +890,8 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Passed)
         }
         Command::Migrate { config } => {
-            let settings = config::load(config.as_deref(), &env)?;
-            client_runtime()?.block_on(hooklatch::migrate(&settings.store))?;
+            let store = config::load_store(config.as_deref(), &env)?;
+            client_runtime()?.block_on(hooklatch::migrate(&store))?;
             println!("the store is up to date");
             Ok(Outcome::Passed)
         }
@@ -988,7 +988,7 @@ async fn cancel_on_signal(cancel: CancellationToken, on_hangup: Option<&'static 
 
 fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
     use std::io::Write;
-    let settings = load_config(&args.admin, env)?;
+    let settings = load_admin_config(&args.admin, env)?;
     let client = admin_client(&args.admin, settings.as_ref());
     let filter = HistoryFilter {
         source: args.source,
@@ -1170,8 +1170,21 @@ fn load_config(
         .map_err(Into::into)
 }
 
+/// What an admin verb needs of `--config`: the admin listener, and its token unless `--token`
+/// gives one. No other secret of the file is read.
+fn load_admin_config(
+    args: &AdminArgs,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<Option<AdminSettings>> {
+    args.config
+        .as_deref()
+        .map(|path| config::load_admin(Some(path), env, args.token.is_none()))
+        .transpose()
+        .map_err(Into::into)
+}
+
 /// The admin API client: `--admin`/`--token`, else the config's listener and token.
-fn admin_client(args: &AdminArgs, settings: Option<&Settings>) -> AdminClient {
+fn admin_client(args: &AdminArgs, settings: Option<&AdminSettings>) -> AdminClient {
     let base = match (&args.admin, settings) {
         (Some(url), _) => url.clone(),
         (None, Some(s)) => {
@@ -1186,7 +1199,7 @@ fn admin_client(args: &AdminArgs, settings: Option<&Settings>) -> AdminClient {
     };
     let token = match (&args.token, settings) {
         (Some(token), _) => Some(hooklatch_core::Secret::from_text(token)),
-        (None, Some(s)) => Some(s.admin_token.clone()),
+        (None, Some(s)) => s.admin_token.clone(),
         (None, None) => None,
     };
     AdminClient::new(&base, token)
@@ -1206,8 +1219,12 @@ fn progress_bar(total: u64, json: bool) -> indicatif::ProgressBar {
 }
 
 fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
+    // The sources' secrets re-sign captures: the whole configuration.
     let settings = load_config(&args.admin, env)?;
-    let admin = admin_client(&args.admin, settings.as_ref());
+    let admin = admin_client(
+        &args.admin,
+        settings.as_ref().map(AdminSettings::from).as_ref(),
+    );
     let given = signer_arg(&args.signing, env)?;
     let mode = match (args.signing.resign, args.signing.original) {
         (true, _) => SignMode::Resign,
@@ -1284,8 +1301,12 @@ fn signer_arg(args: &SigningArgs, env: &HashMap<String, String>) -> anyhow::Resu
 }
 
 fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
+    // The sources' secrets re-sign captures: the whole configuration.
     let settings = load_config(&args.admin, env)?;
-    let admin = admin_client(&args.admin, settings.as_ref());
+    let admin = admin_client(
+        &args.admin,
+        settings.as_ref().map(AdminSettings::from).as_ref(),
+    );
     let secret = args
         .secret
         .as_deref()
@@ -1554,8 +1575,12 @@ impl CpuAtStart {
 }
 
 fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+    // The sources' providers name the signature headers an export leaves out.
     let settings = load_config(&args.admin, env)?;
-    let admin = admin_client(&args.admin, settings.as_ref());
+    let admin = admin_client(
+        &args.admin,
+        settings.as_ref().map(AdminSettings::from).as_ref(),
+    );
     let now = Timestamp::now();
     let filter = HistoryFilter {
         source: args.source.clone(),
@@ -1600,7 +1625,7 @@ fn request_and_client(
 ) -> anyhow::Result<(hooklatch::core::RequestId, AdminClient)> {
     let id = hooklatch::core::RequestId::parse(request)
         .with_context(|| format!("{request:?} is not a request id (req_N)"))?;
-    let settings = load_config(args, env)?;
+    let settings = load_admin_config(args, env)?;
     Ok((id, admin_client(args, settings.as_ref())))
 }
 
@@ -1671,7 +1696,7 @@ fn destinations(
     };
     match command {
         DestinationsCommand::List { json, admin } => {
-            let settings = load_config(&admin, env)?;
+            let settings = load_admin_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
             for item in runtime.block_on(client.destinations())? {
                 if json {
@@ -1692,14 +1717,14 @@ fn destinations(
             reason,
             admin,
         } => {
-            let settings = load_config(&admin, env)?;
+            let settings = load_admin_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
             let item = runtime.block_on(client.disable_destination(&name, reason.as_deref()))?;
             println!("{name}: {}", state(&item));
             Ok(Outcome::Passed)
         }
         DestinationsCommand::Enable { name, admin } => {
-            let settings = load_config(&admin, env)?;
+            let settings = load_admin_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
             let answer = runtime.block_on(client.enable_destination(&name));
             done_or_refused(&name, answer, |item| {
@@ -1722,7 +1747,7 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
             json,
             admin,
         } => {
-            let settings = load_config(&admin, env)?;
+            let settings = load_admin_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
             let items =
                 runtime.block_on(client.deliveries("dead", destination.as_deref(), limit))?;
@@ -1759,7 +1784,7 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
             destination,
             admin,
         } => {
-            let settings = load_config(&admin, env)?;
+            let settings = load_admin_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
             let ids: Vec<String> = if all {
                 runtime

@@ -872,6 +872,62 @@ const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
 /// Loads the layers and resolves them. `env` is the process environment (passed in for tests).
 pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settings, ConfigError> {
+    resolve(raw(file, env)?, env, file.and_then(Path::parent))
+}
+
+/// The store's settings alone, for a verb that opens the store and nothing else (`migrate`):
+/// the whole file is checked as `load` checks its shape, but no secret outside `[store]` is
+/// read, so one that is not set where the verb runs (a provider's signing secret, the admin
+/// token) is no error.
+pub fn load_store(
+    file: Option<&Path>,
+    env: &HashMap<String, String>,
+) -> Result<StoreSettings, ConfigError> {
+    store_settings(&raw(file, env)?, env, file.and_then(Path::parent))
+}
+
+/// Where a gateway's admin API is, and its token unless `token` is false (the caller has one):
+/// for the admin verbs, which need no other secret of the file.
+pub fn load_admin(
+    file: Option<&Path>,
+    env: &HashMap<String, String>,
+    token: bool,
+) -> Result<AdminSettings, ConfigError> {
+    let raw = raw(file, env)?;
+    let base_dir = file.and_then(Path::parent);
+    Ok(AdminSettings {
+        admin_listen: parse_addr("server.admin_listen", &raw.server.admin_listen)?,
+        admin_tls: admin_tls(&raw.server)?,
+        admin_token: token
+            .then(|| admin_token(&raw.server, env, base_dir))
+            .transpose()?,
+    })
+}
+
+/// What the admin verbs need of a configuration ([`load_admin`]).
+#[derive(Debug, Clone)]
+pub struct AdminSettings {
+    /// `server.admin_listen`.
+    pub admin_listen: SocketAddr,
+    /// `server.admin_tls`.
+    pub admin_tls: bool,
+    /// `server.admin_token`, when asked for.
+    pub admin_token: Option<Secret>,
+}
+
+impl From<&Settings> for AdminSettings {
+    fn from(s: &Settings) -> AdminSettings {
+        AdminSettings {
+            admin_listen: s.admin_listen,
+            admin_tls: s.admin_tls,
+            admin_token: Some(s.admin_token.clone()),
+        }
+    }
+}
+
+/// The layers merged (the defaults, the file, the environment) and read into their types; no
+/// value resolved yet, no secret read.
+fn raw(file: Option<&Path>, env: &HashMap<String, String>) -> Result<RawConfig, ConfigError> {
     let mut doc: Value = toml::from_str(DEFAULT_CONFIG)
         .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
     if let Some(path) = file {
@@ -900,7 +956,7 @@ pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settin
             without_values(e.inner().message().trim())
         ))
     })?;
-    resolve(raw, env, file.and_then(Path::parent))
+    Ok(raw)
 }
 
 /// A TOML syntax error without the line it quotes: that line may hold a secret written in the
@@ -1083,17 +1139,7 @@ fn resolve(
     let s = &raw.server;
     let listen = parse_addr("server.listen", &s.listen)?;
     let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
-    let token_ref = s
-        .admin_token
-        .as_deref()
-        .ok_or_else(|| err("server.admin_token", "is required"))?;
-    let admin_token = read_secret("server.admin_token", token_ref, env, base_dir)?;
-    if admin_token.expose().len() < 16 {
-        return Err(err(
-            "server.admin_token",
-            "must be at least 16 characters (generate one with `openssl rand -hex 32`)",
-        ));
-    }
+    let admin_token = admin_token(s, env, base_dir)?;
     let log_format = match s.log_format.as_str() {
         "human" => LogFormat::Human,
         "json" => LogFormat::Json,
@@ -1105,12 +1151,7 @@ fn resolve(
         }
     };
 
-    let store = StoreSettings {
-        backend: parse_store_url("store.url", &raw.store.url)?,
-        history_retention: duration("store.history_retention", &raw.store.history_retention)?,
-        purge_interval: positive("store.purge_interval", &raw.store.purge_interval)?,
-        keys: key_settings(&raw.store, env, base_dir)?,
-    };
+    let store = store_settings(&raw, env, base_dir)?;
 
     let d = &raw.delivery;
     let concurrency = usize::try_from(d.concurrency)
@@ -1249,15 +1290,7 @@ fn resolve(
         log_format,
         workers: workers("server.workers", &s.workers)?,
         tls: server_tls(s, env, base_dir)?,
-        admin_tls: match s.admin_tls {
-            Some(true) if s.tls_cert.is_none() => {
-                return Err(err(
-                    "server.admin_tls",
-                    "needs server.tls_cert and server.tls_key (the admin listener serves the same certificate)",
-                ))
-            }
-            on => on.unwrap_or(false),
-        },
+        admin_tls: admin_tls(s)?,
         store,
         delivery: DeliverySettings {
             enabled: d.enabled,
@@ -1267,6 +1300,51 @@ fn resolve(
         },
         sources,
         destinations,
+    })
+}
+
+/// `server.admin_token`, read and checked.
+fn admin_token(
+    s: &RawServer,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<Secret, ConfigError> {
+    let token_ref = s
+        .admin_token
+        .as_deref()
+        .ok_or_else(|| err("server.admin_token", "is required"))?;
+    let admin_token = read_secret("server.admin_token", token_ref, env, base_dir)?;
+    if admin_token.expose().len() < 16 {
+        return Err(err(
+            "server.admin_token",
+            "must be at least 16 characters (generate one with `openssl rand -hex 32`)",
+        ));
+    }
+    Ok(admin_token)
+}
+
+/// `server.admin_tls`, which needs the listener's certificate.
+fn admin_tls(s: &RawServer) -> Result<bool, ConfigError> {
+    match s.admin_tls {
+        Some(true) if s.tls_cert.is_none() => Err(err(
+            "server.admin_tls",
+            "needs server.tls_cert and server.tls_key (the admin listener serves the same certificate)",
+        )),
+        on => Ok(on.unwrap_or(false)),
+    }
+}
+
+/// `[store]`, resolved.
+fn store_settings(
+    raw: &RawConfig,
+    env: &HashMap<String, String>,
+    base_dir: Option<&Path>,
+) -> Result<StoreSettings, ConfigError> {
+    Ok(StoreSettings {
+        backend: parse_store_url("store.url", &raw.store.url)?,
+        history_retention: duration("store.history_retention", &raw.store.history_retention)?,
+        purge_interval: positive("store.purge_interval", &raw.store.purge_interval)?,
+        keys: key_settings(&raw.store, env, base_dir)?,
     })
 }
 

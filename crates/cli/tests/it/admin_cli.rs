@@ -1,5 +1,6 @@
-//! The admin verbs (`events`, `dlq`, `destinations`) against something that is not a gateway's
-//! admin API: an error and exit status 2, never an empty answer.
+//! The admin verbs (`events`, `dlq`, `destinations`) and `migrate`: against something that is
+//! not a gateway's admin API, an error and exit status 2, never an empty answer; with
+//! `--config`, only the secrets they use are read.
 
 use std::process::Command;
 
@@ -47,4 +48,62 @@ fn run(args: &[&str], admin: &str) -> (Option<i32>, String) {
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// `migrate` reads `[store]` alone, and an admin verb given `--token` reads no secret of the
+/// file: the signing secrets and the admin token, set in the gateway's environment, need not
+/// be set where an operator migrates or lists the dead-letter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_and_admin_verbs_need_no_secret_they_do_not_use() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("migrated.db");
+    let admin = gw.admin_url();
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[server]
+admin_listen = "{}"
+admin_token = "env:HOOKLATCH_TEST_UNSET_ADMIN_TOKEN"
+
+[store]
+url = "sqlite://{}"
+
+[[sources]]
+name = "stripe"
+provider = "stripe"
+secrets = ["env:HOOKLATCH_TEST_UNSET_STRIPE_SECRET"]
+"#,
+            admin.trim_start_matches("http://"),
+            db.display()
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let hooklatch = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args(args)
+            .env_remove("HOOKLATCH_ADMIN_TOKEN")
+            .output()
+            .expect("running hooklatch")
+    };
+    let out = hooklatch(&["migrate", "--config", config]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(db.exists(), "migrate made the store");
+    let out = hooklatch(&["dlq", "list", "--config", config, "--token", ADMIN_TOKEN]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("0 dead-lettered deliveries"), "{stderr}");
+    // Without --token the file's token is read, and its absence is the error.
+    let out = hooklatch(&["dlq", "list", "--config", config]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("HOOKLATCH_TEST_UNSET_ADMIN_TOKEN is not set"),
+        "{stderr}"
+    );
 }
