@@ -104,7 +104,22 @@ impl PostgresStore {
             .max_connections(1)
             .acquire_timeout(STARTUP_TIMEOUT)
             .connect_lazy_with(connect.clone());
-        let mut first = first_pool.acquire().await.map_err(map_err)?;
+        let mut first = match first_pool.acquire().await {
+            Ok(first) => first,
+            // The pool kept retrying and says only that it timed out: one more try on its own
+            // gives the reason (refused, unknown host, authentication, TLS).
+            Err(sqlx::Error::PoolTimedOut) => {
+                let reason = match sqlx::ConnectOptions::connect(&connect).await {
+                    Ok(_) => "it answers now; start again".to_owned(),
+                    Err(err) => err.to_string(),
+                };
+                return Err(StoreError::Unavailable(format!(
+                    "postgres: no connection within {} s: {reason}",
+                    STARTUP_TIMEOUT.as_secs()
+                )));
+            }
+            Err(err) => return Err(map_err(err)),
+        };
         let found = durability::check(&mut first).await.map_err(map_err)?;
         if found.is_empty() {
             metrics::gauge!("hooklatch_unsafe_durability").set(0.0);
@@ -600,5 +615,26 @@ impl Store for PostgresStore {
             probed?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod startup_tests {
+    use super::*;
+
+    /// A server that never answers: after the start-up wait the error says why (the pool alone
+    /// said only "pool timed out while waiting for an open connection"). The wait passes on
+    /// tokio's paused clock.
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_cannot_be_reached_is_named_with_its_reason() {
+        let opts = PgOptions::from_url("postgres://hooklatch@127.0.0.1:1/none").unwrap();
+        let Err(StoreError::Unavailable(message)) = PostgresStore::connect(&opts).await else {
+            panic!("connected to nothing");
+        };
+        assert!(
+            message.starts_with("postgres: no connection within 30 s: ")
+                && message.contains("Connection refused"),
+            "{message}"
+        );
     }
 }
