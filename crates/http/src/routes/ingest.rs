@@ -76,12 +76,22 @@ async fn other_method(
             parts.method
         ),
     );
+    let takes_get = state
+        .sources
+        .get(&source_name)
+        .is_some_and(|s| takes_get(s.adapter.as_ref()));
     let mut res = reject(&state, record, &metric_source, err).await;
     res.headers_mut().insert(
         axum::http::header::ALLOW,
-        HeaderValue::from_static("GET, POST"),
+        HeaderValue::from_static(if takes_get { "GET, POST" } else { "POST" }),
     );
     res
+}
+
+/// Whether a source answers `GET` at all: events sent as GETs (Twilio's voice webhooks) or a
+/// subscription check (Meta's). Asking costs nothing: `handle_get` touches no store.
+fn takes_get(adapter: &dyn hooklatch_core::ProviderAdapter) -> bool {
+    adapter.get_carries_events() || adapter.handle_get("").is_some()
 }
 
 async fn ingest(
@@ -268,7 +278,10 @@ async fn check(
                 "method_not_allowed",
                 format!("{} sources take POST only", source.adapter.provider()),
             );
-            reject(&state, record, &metric_source, err).await
+            let mut res = reject(&state, record, &metric_source, err).await;
+            res.headers_mut()
+                .insert(axum::http::header::ALLOW, HeaderValue::from_static("POST"));
+            res
         }
         Some(Err(rejection)) => {
             reject(&state, record, &metric_source, rejection_error(&rejection)).await
@@ -709,6 +722,17 @@ async fn read_body(body: Body, state: &IngestState) -> Result<Bytes, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::{Answer, EventAnswer};
+
+    /// `Allow` names GET only for the sources that answer one: Twilio (events as GETs) and
+    /// WhatsApp (Meta's subscription check); a Stripe or GitHub source takes POST alone.
+    #[test]
+    fn a_source_takes_get_only_when_its_provider_sends_one() {
+        use hooklatch_core::provider::{GitHub, Stripe, Twilio, WhatsApp};
+        assert!(super::takes_get(&Twilio { public_url: None }));
+        assert!(super::takes_get(&WhatsApp { verify_token: None }));
+        assert!(!super::takes_get(&Stripe));
+        assert!(!super::takes_get(&GitHub));
+    }
 
     /// Clients read the answer as JSON, but people and scripts compare captures: its bytes stay
     /// what they were when it was built as a `serde_json::Value` (keys in alphabetical order).
