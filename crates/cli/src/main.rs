@@ -599,6 +599,9 @@ struct CheckArgs {
     /// Or a captured event: req_N, dlv_N or an export file.
     #[arg(long, value_name = "ID|FILE")]
     capture: Option<String>,
+    /// In an export file with several captures, the one to check (its request_id).
+    #[arg(long, value_name = "REQUEST_ID", requires = "capture")]
+    request: Option<String>,
     /// The signing secret: a literal, env:NAME or file:PATH.
     #[arg(long)]
     secret: Option<String>,
@@ -1241,14 +1244,7 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
     };
     client_runtime()?.block_on(async {
         let mut captures = admin.resolve(&args.capture).await?;
-        if let Some(id) = &args.request {
-            captures.retain(|c| c.request_id.as_deref() == Some(id.as_str()));
-            anyhow::ensure!(
-                !captures.is_empty(),
-                "{} holds no capture {id}",
-                args.capture
-            );
-        }
+        only_request(&mut captures, args.request.as_deref(), &args.capture)?;
         if let Some(s) = &settings {
             hooklatch::capture::fill_providers(&mut captures, s);
         }
@@ -1300,6 +1296,20 @@ fn signer_arg(args: &SigningArgs, env: &HashMap<String, String>) -> anyhow::Resu
     }
 }
 
+/// Keeps the capture of request `id` alone, when one is named (`--request`); an error if
+/// `from` holds none.
+fn only_request(
+    captures: &mut Vec<hooklatch::capture::Capture>,
+    id: Option<&str>,
+    from: &str,
+) -> anyhow::Result<()> {
+    if let Some(id) = id {
+        captures.retain(|c| c.request_id.as_deref() == Some(id));
+        anyhow::ensure!(!captures.is_empty(), "{from} holds no capture {id}");
+    }
+    Ok(())
+}
+
 fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
     // The sources' secrets re-sign captures: the whole configuration.
     let settings = load_config(&args.admin, env)?;
@@ -1339,9 +1349,10 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
             },
             (None, Some(arg)) => {
                 let mut captures = admin.resolve(arg).await?;
+                only_request(&mut captures, args.request.as_deref(), arg)?;
                 anyhow::ensure!(
                     captures.len() == 1,
-                    "{arg} holds {} captures; check takes one (export it alone)",
+                    "{arg} holds {} captures; check takes one (name it with --request req_N)",
                     captures.len()
                 );
                 let mut capture = captures.remove(0);

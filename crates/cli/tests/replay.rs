@@ -326,6 +326,73 @@ async fn replay_explains_what_it_cannot_do() {
 // ---------------------------------------------------------------------------------------------
 // check
 
+/// An export file with several captures: `check --request req_N` picks one (as `replay`
+/// does); without it the error says how to name one.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_picks_one_capture_of_an_export_with_request() {
+    let (gateway, _, first) = gateway_with_one_event(None).await;
+    let body = stripe_body(&unique("evt"), 700);
+    let (status, second) = gateway
+        .post_stripe(&stripe_headers(&body, Timestamp::now()), &body)
+        .await;
+    assert_eq!(status, 200, "{second}");
+    let file = gateway.dir().join("two.json");
+    let ids = [
+        first["request_id"].as_str().unwrap(),
+        second["request_id"].as_str().unwrap(),
+    ];
+    let out = hooklatch(&[
+        "events",
+        "export",
+        ids[0],
+        ids[1],
+        "--admin",
+        &gateway.admin,
+        "--config",
+        gateway.config().to_str().unwrap(),
+        "--out",
+        file.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let check = |request: Option<&str>| {
+        let mut args = vec![
+            "check",
+            "--capture",
+            file.to_str().unwrap(),
+            "--secret",
+            STRIPE_SECRET,
+            "--to",
+            "http://127.0.0.1:9/",
+        ];
+        if let Some(id) = request {
+            args.extend(["--request", id]);
+        }
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let out = hooklatch(&args).await;
+            (
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let (code, stderr) = check(None).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("holds 2 captures") && stderr.contains("--request"),
+        "{stderr}"
+    );
+    let (code, stderr) = check(Some("req_999999")).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("holds no capture req_999999"), "{stderr}");
+    // The one named is checked: it goes as far as the handler (none runs here).
+    let (code, stderr) = check(Some(ids[1])).await;
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("no answer from the handler"), "{stderr}");
+}
+
 /// A handler that is not running is no handler to judge: `check` says it could not reach it
 /// and exits 2 ("could not run"), instead of failing every phase with "the handler refused
 /// the event".
