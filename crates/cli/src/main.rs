@@ -518,8 +518,9 @@ struct AdminArgs {
     /// The admin token (default: the config's server.admin_token).
     #[arg(long, env = "HOOKLATCH_ADMIN_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// The gateway's configuration: sources' providers and secrets (for re-signing), its
-    /// listen addresses and admin token.
+    /// The gateway's configuration: its admin address and token, and for `replay`, `check`
+    /// and `events export` its sources' providers and secrets (to re-sign, and to know which
+    /// headers are signatures).
     #[arg(short, long, value_name = "FILE")]
     config: Option<PathBuf>,
 }
@@ -1806,6 +1807,9 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
             } else {
                 ids
             };
+            if all && ids.is_empty() {
+                eprintln!("nothing to retry: the dead-letter is empty");
+            }
             let mut failed = 0;
             for raw in &ids {
                 let Some(id) = hooklatch::core::DeliveryId::parse(raw) else {

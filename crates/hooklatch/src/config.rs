@@ -1166,6 +1166,7 @@ fn resolve(
         jitter: jitter("delivery.jitter", d.jitter)?,
     };
     let default_timeout = positive("delivery.timeout", &d.timeout)?;
+    backoff_in_order("delivery", &default_retry)?;
 
     let mut destinations = Vec::with_capacity(raw.destinations.len());
     let mut seen = HashSet::new();
@@ -1200,6 +1201,7 @@ fn resolve(
                 .transpose()?
                 .unwrap_or(default_retry.jitter),
         };
+        backoff_in_order(&key, &retry)?;
         let kind = destination_kind(&key, rd, env, base_dir)?;
         if rd.disable_on_gone.is_some() && !matches!(kind, DestinationKind::Http { .. }) {
             return Err(err(
@@ -1301,6 +1303,22 @@ fn resolve(
         sources,
         destinations,
     })
+}
+
+/// A retry policy whose first pause is no longer than its longest (`{key}.initial_backoff`
+/// over `max_backoff` would cap every pause below the first one asked for).
+fn backoff_in_order(key: &str, retry: &RetryPolicy) -> Result<(), ConfigError> {
+    if retry.initial_backoff > retry.max_backoff {
+        return Err(err(
+            format!("{key}.initial_backoff"),
+            format!(
+                "{}s is longer than max_backoff ({}s): the first pause would be cut to the longest",
+                retry.initial_backoff.as_secs(),
+                retry.max_backoff.as_secs()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// `server.admin_token`, read and checked.
@@ -1905,6 +1923,16 @@ url = "http://app.internal:3000/webhooks/stripe"
             &EXAMPLE.replace("[\"app\"]", "[\"ap\"]"),
             &with_secret,
             "sources[0].destinations[0]: no destination named \"ap\"",
+        );
+        check_err(
+            &format!("{EXAMPLE}\n[delivery]\ninitial_backoff = \"2h\"\nmax_backoff = \"1m\""),
+            &with_secret,
+            "delivery.initial_backoff: 7200s is longer than max_backoff (60s)",
+        );
+        check_err(
+            &format!("{EXAMPLE}max_backoff = \"1s\""),
+            &with_secret,
+            "destinations[0].initial_backoff: 5s is longer than max_backoff (1s)",
         );
         check_err(
             &EXAMPLE.replace("[\"app\"]", "[\"app\", \"app\"]"),

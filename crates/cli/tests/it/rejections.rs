@@ -62,6 +62,32 @@ async fn assert_genuine_event_is_accepted(gw: &Gateway, handler: &Handler, event
     assert_eq!(handler.received_for(&key)[0].body, body);
 }
 
+/// A provider's dashboard takes the URL as typed: `/in/stripe/` is the Stripe source too, not a
+/// 404 that leaves the provider's retries nowhere in history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ingest_url_with_a_trailing_slash_is_the_same_source() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_slash");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let (status, json) = gw
+        .post("stripe/", &stripe_headers(&body), body.clone())
+        .await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("duplicate")),
+        "{json}"
+    );
+    gw.wait_for_delivery_state(&format!("stripe:{event_id}"), "delivered")
+        .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_source_is_refused_with_404_and_claims_nothing() {
     let handler = Handler::start(Behaviour::AlwaysOk).await;

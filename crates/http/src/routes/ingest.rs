@@ -34,11 +34,12 @@ use crate::extract::PathText;
 use crate::{ApiError, ExternalKeys, IngestState, Source};
 
 pub(crate) fn router(state: Arc<IngestState>) -> Router {
+    // With a trailing slash too: a provider's dashboard takes the URL as typed, and a 404 for
+    // `/in/stripe/` would leave its retries nowhere in history.
+    let source = || post(ingest).get(check).fallback(other_method);
     Router::new()
-        .route(
-            "/in/{source}",
-            post(ingest).get(check).fallback(other_method),
-        )
+        .route("/in/{source}", source())
+        .route("/in/{source}/", source())
         .fallback(no_route)
         .with_state(state)
 }
