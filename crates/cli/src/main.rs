@@ -162,14 +162,16 @@ Examples:
     --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db sqlite://app.db
 
   # The same against PostgreSQL, plus a conflicting body, in CI (exit status 1 on failure):
-  hooklatch check --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to \\
-      http://127.0.0.1:3000/webhooks/stripe \\
-    --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db postgres://app@localhost/app --conflict --json
+  hooklatch check --provider stripe --secret env:STRIPE_WEBHOOK_SECRET \\
+    --to http://127.0.0.1:3000/webhooks/stripe \\
+    --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" \\
+    --db postgres://app@localhost/app --conflict --json
 
   # A captured production event, effects counted by a command (the key is in $HOOKLATCH_KEY):
-  hooklatch check --capture prod.json --config hooklatch.toml --to \\
-      http://127.0.0.1:3000/webhooks/stripe \\
-    --effects-cmd 'psql -tA -c \"SELECT count(*) FROM credits WHERE event_id = '\\''$HOOKLATCH_KEY'\\''\" app'
+  hooklatch check --capture prod.json --config hooklatch.toml \\
+    --to http://127.0.0.1:3000/webhooks/stripe \\
+    --effects-cmd \\
+    'psql -tA -c \"SELECT count(*) FROM credits WHERE event_id = '\\''$HOOKLATCH_KEY'\\''\" app'
 
 :key is a bind parameter (the event's key, as text), never pasted into the SQL. Exit status: 0
 when every phase passed, 1 when one failed, 2 when the check could not run.")]
@@ -785,8 +787,14 @@ struct BenchArgs {
     json: bool,
 }
 
+/// A duration flag: `250ms`, `30s`, `10m`, `2h`, `7d`, or whole seconds (`5`), as the
+/// configuration takes them.
 fn duration_arg(s: &str) -> Result<Duration, String> {
-    config::parse_duration(s).ok_or_else(|| format!("{s:?} is not a duration like 250ms, 30s, 10m"))
+    s.parse::<u64>()
+        .ok()
+        .map(Duration::from_secs)
+        .or_else(|| config::parse_duration(s))
+        .ok_or_else(|| format!("{s:?} is not a duration like 250ms, 30s, 10m (or whole seconds)"))
 }
 
 fn main() -> ExitCode {
@@ -1843,5 +1851,40 @@ mod tests {
     #[test]
     fn the_flags_are_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// A duration flag takes what the configuration takes: units, or whole seconds.
+    #[test]
+    fn a_duration_flag_takes_units_or_whole_seconds() {
+        assert_eq!(duration_arg("5"), Ok(Duration::from_secs(5)));
+        assert_eq!(duration_arg("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration_arg("2h"), Ok(Duration::from_secs(7200)));
+        assert!(duration_arg("5 parsecs").is_err());
+        assert!(duration_arg("-1").is_err());
+    }
+
+    /// Every example in a help text fits a terminal of 100 columns, so none is wrapped in the
+    /// middle of a command and each can be pasted as it is shown.
+    #[test]
+    fn help_examples_fit_a_terminal() {
+        // The texts as written: clap wraps what is wider when it prints them.
+        fn walk(cmd: &clap::Command, path: &str, long: &mut Vec<String>) {
+            let texts = [cmd.get_after_help(), cmd.get_after_long_help()];
+            for text in texts.into_iter().flatten().map(ToString::to_string) {
+                for line in text.lines().filter(|l| l.chars().count() > 99) {
+                    long.push(format!("{path}: {line}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), long);
+            }
+        }
+        let mut long = Vec::new();
+        walk(&Cli::command(), "hooklatch", &mut long);
+        assert!(
+            long.is_empty(),
+            "examples wider than 99 columns:\n{}",
+            long.join("\n")
+        );
     }
 }

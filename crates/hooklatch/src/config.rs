@@ -1762,7 +1762,12 @@ fn size(key: &str, v: &Value) -> Result<usize, ConfigError> {
     };
     n.filter(|n| *n > 0)
         .and_then(|n| usize::try_from(n).ok())
-        .ok_or_else(|| err(key, "expected a size like \"1MiB\" or a number of bytes"))
+        .ok_or_else(|| {
+            err(
+                key,
+                "expected a size above zero like \"1MiB\" or a number of bytes",
+            )
+        })
 }
 
 /// Parses `250ms`, `30s`, `10m`, `2h`, `7d`.

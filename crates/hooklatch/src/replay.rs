@@ -129,10 +129,12 @@ pub enum Signing {
 }
 
 impl Signing {
-    /// A short description for reports: `re-signed (stripe)` or `original signature`.
+    /// A short description for reports: `re-signed (stripe, as sent)` or `original signature`.
     pub fn describe(&self) -> String {
         match self {
-            Signing::Resign(s) => format!("re-signed ({}, fresh timestamp)", s.provider()),
+            // "As sent": each request is signed as it goes, with the time then where the
+            // provider signs one (GitHub signs none).
+            Signing::Resign(s) => format!("re-signed ({}, as sent)", s.provider()),
             Signing::Original => "original signature".to_owned(),
         }
     }
@@ -340,7 +342,7 @@ pub fn choose_signing(
         (SignMode::Resign, None) => Err(ReplayError::NoSecret(label)),
         (_, Some(signer)) => {
             let note = format!(
-                "{label}: re-signing with the {} secret, a fresh timestamp on every request",
+                "{label}: re-signing with the {} secret as each request is sent",
                 signer.provider()
             );
             Ok((Signing::Resign(signer), note))
