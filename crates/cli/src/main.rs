@@ -102,7 +102,10 @@ Examples:
       http://127.0.0.1:8080/in/github
 
   # What there is to send:
-  hooklatch send --list")]
+  hooklatch send --list
+
+Exit status: 0 when the answer was 2xx, 1 when it was another status (the answer is printed),
+2 when nothing could be sent.")]
     Send(SendArgs),
     /// Receive a gateway's events on this machine: connect to a `listen` destination and send
     /// each delivery on to a local URL, byte-exact.
@@ -853,7 +856,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             })?;
             Ok(Outcome::Passed)
         }
-        Command::Send(args) => send(args, &env).map(|()| Outcome::Passed),
+        Command::Send(args) => send(args, &env),
         Command::Listen(args) => listen(args, &env).map(|()| Outcome::Passed),
         Command::Replay(args) => replay(args, &env),
         Command::Check(args) => check(args, &env),
@@ -1086,12 +1089,12 @@ fn listen(args: ListenArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
     })
 }
 
-fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
     if args.list {
         for (provider, event_type) in hooklatch::fixtures::catalog() {
             println!("{provider:<20} {event_type}");
         }
-        return Ok(());
+        return Ok(Outcome::Passed);
     }
     let (Some(provider), Some(secret), Some(to)) = (args.provider, args.secret, args.to) else {
         anyhow::bail!("send needs a provider, --secret and --to");
@@ -1151,9 +1154,10 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
         println!("{body}");
     }
     if !status.is_success() {
-        anyhow::bail!("the endpoint answered {status}");
+        eprintln!("the endpoint answered {status}");
+        return Ok(Outcome::Failed);
     }
-    Ok(())
+    Ok(Outcome::Passed)
 }
 
 /// Prints a report to stdout; a closed pipe (`| head`) is not an error worth a panic.

@@ -544,6 +544,22 @@ async fn send_shows_the_verdict_of_an_answer_in_twiml() {
         );
         String::from_utf8(out.stdout).expect("utf-8")
     };
+    // A wrong secret: the refusal is printed, exit status 1 (the request went, the answer was
+    // not 2xx; 2 is for nothing sent).
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args([
+            "send",
+            "twilio",
+            "--secret",
+            "not-the-auth-token",
+            "--to",
+            &url,
+        ])
+        .output()
+        .expect("running hooklatch send");
+    let stdout = String::from_utf8_lossy(&refused.stdout);
+    assert_eq!(refused.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("401"), "{stdout}");
     for verdict in ["accepted", "duplicate"] {
         let stdout = send();
         let status = stdout.lines().nth(1).unwrap_or_default();
