@@ -114,6 +114,43 @@ fn bench_json(ingest: u16, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("bench --json prints JSON")
 }
 
+/// Nothing listening, or a wrong secret: the report says why each request failed (before, a
+/// closed port gave `statuses: error×N` and an empty `answers`).
+#[test]
+fn bench_names_why_requests_failed() {
+    let closed = free_port();
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["bench", "--target"])
+        .arg(format!("http://127.0.0.1:{closed}"))
+        .args([
+            "--secret",
+            SECRET,
+            "--json",
+            "--events",
+            "5",
+            "--concurrency",
+            "1",
+        ])
+        .output()
+        .expect("running hooklatch bench");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_slice(&out.stdout).expect("bench --json prints JSON");
+    let answers = doc["hooklatch"]["answers"]
+        .as_object()
+        .expect("answers")
+        .clone();
+    assert_eq!(answers.len(), 1, "{doc:#}");
+    let (why, n) = answers.into_iter().next().unwrap();
+    assert!(why.starts_with("no answer: connection failed ("), "{why}");
+    assert!(why.contains("refused"), "{why}");
+    assert_eq!(n, 5, "{doc:#}");
+}
+
 #[test]
 fn bench_sends_every_event_and_duplicate_and_counts_the_answers() {
     let dir = tempfile::tempdir().expect("a temp dir");

@@ -379,8 +379,10 @@ pub struct BenchReport {
     pub duplicates_sent: u64,
     /// Responses by status code (`"error"`: no response: connect error or timeout).
     pub statuses: BTreeMap<String, u64>,
-    /// 200 answers by the gateway's `status` (accepted, duplicate, conflict; `other` for a
-    /// body that is not the gateway's, such as the baseline's).
+    /// Answers by what they said: a 200 by the gateway's `status` (accepted, duplicate,
+    /// conflict; `other` for a body that is not the gateway's, such as the baseline's), a
+    /// refusal by its `code` (`invalid_signature`), a request that got none by why (`no
+    /// answer: connection failed (Connection refused …)`).
     pub answers: BTreeMap<String, u64>,
     /// Wall time of the run.
     pub elapsed: Duration,
@@ -461,6 +463,24 @@ impl BenchReport {
             answers = answers.join(" "),
         )
     }
+}
+
+/// Why a request got no answer, for the report's `answers`: timed out, or the connection's
+/// own reason (the innermost error: `Connection refused (os error 111)`).
+fn no_answer(err: &reqwest::Error) -> String {
+    if err.is_timeout() {
+        return "no answer: timed out".to_owned();
+    }
+    let mut cause: &dyn std::error::Error = err;
+    while let Some(inner) = cause.source() {
+        cause = inner;
+    }
+    let kind = if err.is_connect() {
+        "connection failed"
+    } else {
+        "request failed"
+    };
+    format!("no answer: {kind} ({cause})")
 }
 
 /// Shared tallies while a run is going.
@@ -597,15 +617,15 @@ pub async fn run(
                     Ok(res) => {
                         let status = res.status().as_u16().to_string();
                         let body = res.bytes().await.unwrap_or_default();
-                        let answer = (status == "200").then(|| {
-                            serde_json::from_slice::<Value>(&body)
-                                .ok()
-                                .and_then(|v| v["status"].as_str().map(str::to_owned))
-                                .unwrap_or_else(|| "other".to_owned())
-                        });
+                        // A 200's `status`, a refusal's `code` (`invalid_signature`).
+                        let field = if status == "200" { "status" } else { "code" };
+                        let answer = serde_json::from_slice::<Value>(&body)
+                            .ok()
+                            .and_then(|v| v[field].as_str().map(str::to_owned))
+                            .or_else(|| (status == "200").then(|| "other".to_owned()));
                         (status, answer)
                     }
-                    Err(_) => ("error".to_owned(), None),
+                    Err(err) => ("error".to_owned(), Some(no_answer(&err))),
                 };
                 if !counted {
                     return;
