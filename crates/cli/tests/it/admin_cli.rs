@@ -38,12 +38,7 @@ async fn admin_verbs_pointed_at_the_ingest_listener_fail_and_say_so() {
 /// Runs `hooklatch ARGS --admin ADMIN` with the admin token: its exit status and standard
 /// error.
 fn run(args: &[&str], admin: &str) -> (Option<i32>, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
-        .args(args)
-        .args(["--admin", admin])
-        .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
-        .output()
-        .expect("running hooklatch");
+    let out = crate::support::hooklatch_output(args, admin);
     (
         out.status.code(),
         String::from_utf8_lossy(&out.stderr).into_owned(),

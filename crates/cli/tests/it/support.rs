@@ -1656,15 +1656,20 @@ pub fn kill_process_group(child: &mut Child) {
     }
 }
 
-/// Runs `hooklatch ARGS --admin ADMIN` with the admin token; its standard output, once it
-/// succeeded.
-pub fn hooklatch(args: &[&str], admin: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+/// Runs `hooklatch ARGS --admin ADMIN` with the admin token; what it did, however it ended.
+pub fn hooklatch_output(args: &[&str], admin: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_hooklatch"))
         .args(args)
         .args(["--admin", admin])
         .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
         .output()
-        .expect("running hooklatch");
+        .expect("running hooklatch")
+}
+
+/// Runs `hooklatch ARGS --admin ADMIN` with the admin token; its standard output, once it
+/// succeeded.
+pub fn hooklatch(args: &[&str], admin: &str) -> String {
+    let out = hooklatch_output(args, admin);
     assert!(
         out.status.success(),
         "hooklatch {args:?}: {}",
