@@ -536,7 +536,8 @@ fn log_effective_config(settings: &Settings) {
                     url = %url,
                     signed = secret.is_some(),
                     allow = ?allow.allowed().iter().map(ToString::to_string).collect::<Vec<_>>(),
-                    tls = ?tls,
+                    ca_file = tls.ca_pem.is_some(),
+                    client_certificate = tls.client.is_some(),
                     max_attempts = d.retry.max_attempts,
                     "destination"
                 );
@@ -549,7 +550,8 @@ fn log_effective_config(settings: &Settings) {
                 declare = a.declare,
                 queue = a.queue.as_deref().unwrap_or(""),
                 quorum = a.quorum,
-                tls = ?a.tls,
+                ca_file = a.tls.ca_pem.is_some(),
+                client_certificate = a.tls.client.is_some(),
                 max_attempts = d.retry.max_attempts,
                 "destination"
             ),

@@ -341,10 +341,23 @@ pub fn choose_signing(
         }
         (SignMode::Resign, None) => Err(ReplayError::NoSecret(label)),
         (_, Some(signer)) => {
-            let note = format!(
+            let mut note = format!(
                 "{label}: re-signing with the {} secret as each request is sent",
                 signer.provider()
             );
+            // `--provider github` on a Stripe capture: signed as asked, but the receiver
+            // expects the capture's provider's scheme.
+            if let Some(from) = capture
+                .provider
+                .as_deref()
+                .filter(|p| *p != signer.provider())
+            {
+                note.push_str(&format!(
+                    " (warning: the capture came from {from}; a receiver of {from} webhooks \
+                     checks {from}'s signature, not {}'s)",
+                    signer.provider()
+                ));
+            }
             Ok((Signing::Resign(signer), note))
         }
     }
@@ -803,6 +816,23 @@ mod tests {
         Stripe
             .verify(&req, std::slice::from_ref(secret), Duration::from_secs(300))
             .is_ok()
+    }
+
+    /// Re-signing a capture as another provider than its own is done as asked, with a
+    /// warning: its receiver checks the capture's provider's signature.
+    #[test]
+    fn re_signing_as_another_provider_warns() {
+        let now = Timestamp::from_secs(1_780_000_000);
+        let (capture, secret) = stripe_capture(now);
+        let github = Signer::for_provider("github", secret.clone()).unwrap();
+        let (_, note) = choose_signing(SignMode::Resign, Some(github), &capture, now).unwrap();
+        assert!(
+            note.contains("warning: the capture came from stripe"),
+            "{note}"
+        );
+        let stripe = Signer::for_provider("stripe", secret).unwrap();
+        let (_, note) = choose_signing(SignMode::Resign, Some(stripe), &capture, now).unwrap();
+        assert!(!note.contains("warning"), "{note}");
     }
 
     #[test]
