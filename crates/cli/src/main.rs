@@ -59,8 +59,8 @@ enum Command {
     #[command(after_help = "\
 Examples:
   # The embedded store and the example config:
-  HOOKLATCH_ADMIN_TOKEN=dev-admin-token-0123456789 hooklatch serve --config \\
-      examples/hooklatch.toml
+  HOOKLATCH_ADMIN_TOKEN=dev-admin-token-0123456789 hooklatch serve \\
+      --config examples/hooklatch.toml
 
   # Override any setting from the environment (SECTION__KEY):
   HOOKLATCH_SERVER__LISTEN=0.0.0.0:8080 hooklatch serve --config hooklatch.toml
@@ -88,18 +88,18 @@ server.tls_cert, SIGHUP reads the certificate and key again.")]
     #[command(after_help = "\
 Examples:
   # A Stripe invoice.payment_succeeded, signed with the example config's secret:
-  hooklatch send stripe --secret whsec_local_development_only --to \\
-      http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --secret whsec_local_development_only \\
+      --to http://127.0.0.1:8080/in/stripe
 
   # The same event id twice: the second answer says \"duplicate\"
-  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to \\
-      http://127.0.0.1:8080/in/stripe
-  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only --to \\
-      http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only \\
+      --to http://127.0.0.1:8080/in/stripe
+  hooklatch send stripe --id evt_test_1 --secret whsec_local_development_only \\
+      --to http://127.0.0.1:8080/in/stripe
 
   # A GitHub pull_request, the secret read from the environment:
-  hooklatch send github --event pull_request --secret env:GITHUB_WEBHOOK_SECRET --to \\
-      http://127.0.0.1:8080/in/github
+  hooklatch send github --event pull_request --secret env:GITHUB_WEBHOOK_SECRET \\
+      --to http://127.0.0.1:8080/in/github
 
   # What there is to send:
   hooklatch send --list
@@ -136,16 +136,16 @@ destination, or another listener takes the destination over.")]
 Examples:
   # Request req_42 from the local gateway's history, ten times at once, at your handler,
   # re-signed with the source's secret from the gateway's config (fresh timestamps):
-  hooklatch replay req_42 --config hooklatch.toml --to \\
-      http://127.0.0.1:3000/webhooks/stripe --times 10 --concurrency 10
+  hooklatch replay req_42 --config hooklatch.toml \\
+      --to http://127.0.0.1:3000/webhooks/stripe --times 10 --concurrency 10
 
   # The request behind delivery dlv_7, through the gateway's ingest: the first may be
   # accepted, the rest must come back \"duplicate\":
   hooklatch replay dlv_7 --config hooklatch.toml --via-gateway --times 5
 
   # A capture exported from production, on a laptop, signed with a local secret:
-  hooklatch replay prod.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to \\
-      http://127.0.0.1:3000/webhooks/stripe
+  hooklatch replay prod.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET \\
+      --to http://127.0.0.1:3000/webhooks/stripe
 
   # The bytes exactly as captured (an old Stripe capture is then refused as stale):
   hooklatch replay prod.json --original --via-gateway --gateway http://127.0.0.1:8080
@@ -186,8 +186,8 @@ Examples:
   # 10,000 pre-signed Stripe events, 10 % duplicates, 64 in flight, beside the HTTP ceiling,
   # with the gateway's peak memory:
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
-    --events 10000 --duplicates 0.1 --body-size 2048 --concurrency 64 --baseline --pid \\
-        \"$(pgrep -n hooklatch)\"
+    --events 10000 --duplicates 0.1 --body-size 2048 --concurrency 64 --baseline \\
+        --pid \"$(pgrep -n hooklatch)\"
 
   # Open loop at 2,000 requests/s for 10 s (latency from each request's due time):
   hooklatch bench --target http://127.0.0.1:8080 --secret whsec_local_development_only \\
@@ -342,12 +342,12 @@ Examples:
   hooklatch events export req_41 req_42 --out captures.json
 
   # The last day's accepted Stripe events (at most 100), providers named from the config:
-  hooklatch events export --source stripe --verdict accepted --since 24h --config \\
-      hooklatch.toml --out stripe.json
+  hooklatch events export --source stripe --verdict accepted --since 24h \\
+      --config hooklatch.toml --out stripe.json
 
   # Then, anywhere:
-  hooklatch replay stripe.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET --to \\
-      http://127.0.0.1:3000/webhooks/stripe
+  hooklatch replay stripe.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET \\
+      --to http://127.0.0.1:3000/webhooks/stripe
 
   # With the provider's signature headers, to send a capture exactly as received (--original):
   hooklatch events export req_41 --keep-signatures --out captured.json
@@ -486,8 +486,8 @@ Examples:
     /// a maintenance window, or an endpoint being moved).
     #[command(after_help = "\
 Examples:
-  hooklatch destinations disable app --reason \"moving to the new cluster\" --config \\
-      hooklatch.toml")]
+  hooklatch destinations disable app --reason \"moving to the new cluster\" \\
+      --config hooklatch.toml")]
     Disable {
         /// The destination's name.
         name: String,

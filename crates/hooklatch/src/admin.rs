@@ -232,7 +232,7 @@ impl AdminClient {
             // listener, another service. Reading that as "nothing there" would report an
             // empty dead-letter to a monitoring script.
             let message = value["message"].as_str().unwrap_or_default();
-            if value["code"] == "not_found" && !message.starts_with("no such route") {
+            if value["code"] == "not_found" && !message.starts_with(hooklatch_http::NO_ROUTE) {
                 return Ok(None);
             }
             return Err(AdminError::NotTheAdminApi {

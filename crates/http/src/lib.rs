@@ -45,6 +45,11 @@ pub const VERDICT_HEADER: &str = "hooklatch-verdict";
 /// On the same answers: the request's id in history (`req_7`).
 pub const REQUEST_ID_HEADER: &str = "hooklatch-request-id";
 
+/// How the message of a 404 for a path no route takes begins, on both listeners (its `code` is
+/// `not_found`, as for an unknown id): the admin client tells "nothing there" from "not the
+/// admin API" by it.
+pub const NO_ROUTE: &str = "no such route";
+
 /// A configured source, resolved: what ingest needs to verify and claim its deliveries.
 #[derive(Debug, Clone)]
 pub struct Source {

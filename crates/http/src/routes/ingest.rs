@@ -48,7 +48,10 @@ pub(crate) fn router(state: Arc<IngestState>) -> Router {
 /// Webhooks arrive at `/in/{source}`; what else reaches a public port is mostly scanners,
 /// and a request there names no source to file it under.
 async fn no_route() -> ApiError {
-    ApiError::not_found("no such route: webhooks are received at POST /in/{source}")
+    ApiError::not_found(format!(
+        "{}: webhooks are received at POST /in/{{source}}",
+        crate::NO_ROUTE
+    ))
 }
 
 /// `/in/{source}` with a method other than POST and GET: refused with 405 (and `Allow`), and

@@ -63,7 +63,7 @@ async fn openapi() -> Response {
 }
 
 async fn not_found() -> ApiError {
-    ApiError::not_found("no such route")
+    ApiError::not_found(crate::NO_ROUTE)
 }
 
 /// A route called with a method it does not take: 405 in JSON, as every refusal, with the
