@@ -1259,7 +1259,7 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         let mut captures = admin.resolve(&args.capture).await?;
         only_request(&mut captures, args.request.as_deref(), &args.capture)?;
         if let Some(s) = &settings {
-            hooklatch::capture::fill_providers(&mut captures, s);
+            hooklatch::capture::fill_providers(&mut captures, &s.outlines());
         }
         let mut reports = Vec::new();
         for capture in &captures {
@@ -1370,7 +1370,10 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
                 );
                 let mut capture = captures.remove(0);
                 if let Some(s) = &settings {
-                    hooklatch::capture::fill_providers(std::slice::from_mut(&mut capture), s);
+                    hooklatch::capture::fill_providers(
+                        std::slice::from_mut(&mut capture),
+                        &s.outlines(),
+                    );
                 }
                 let signer = match (secret, &capture.provider) {
                     (Some(secret), Some(provider)) => Some(Signer::for_provider(provider, secret)?),
@@ -1599,12 +1602,14 @@ impl CpuAtStart {
 }
 
 fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
-    // The sources' providers name the signature headers an export leaves out.
-    let settings = load_config(&args.admin, env)?;
-    let admin = admin_client(
-        &args.admin,
-        settings.as_ref().map(AdminSettings::from).as_ref(),
-    );
+    // The sources' providers name the signature headers an export leaves out; no secret but
+    // the admin token is read.
+    let admin_settings = load_admin_config(&args.admin, env)?;
+    let outlines = match &args.admin.config {
+        Some(path) => config::load_outlines(Some(path), env)?,
+        None => Vec::new(),
+    };
+    let admin = admin_client(&args.admin, admin_settings.as_ref());
     let now = Timestamp::now();
     let filter = HistoryFilter {
         source: args.source.clone(),
@@ -1615,10 +1620,8 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
         limit: args.limit,
     };
     let (mut captures, skipped) = client_runtime()?.block_on(admin.collect(&args.ids, &filter))?;
-    if let Some(s) = &settings {
-        hooklatch::capture::fill_providers(&mut captures, s);
-    }
-    let options = hooklatch::capture::ExportOptions::new(args.keep_signatures, settings.as_ref());
+    hooklatch::capture::fill_providers(&mut captures, &outlines);
+    let options = hooklatch::capture::ExportOptions::new(args.keep_signatures, &outlines);
     let doc = hooklatch::capture::write_export(&captures, now, &options);
     match &args.out {
         Some(path) => {

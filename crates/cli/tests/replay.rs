@@ -463,6 +463,14 @@ async fn naive_fails_and_guarded_passes(db: &str) {
     assert_eq!(report["phases"][1]["after"], 10, "{report:#}");
     assert_eq!(report["phases"][2]["name"], "late replay");
     assert_eq!(report["phases"][2]["after"], 11, "{report:#}");
+    // The later phases point at phase 1 rather than guess at a guard that is not there.
+    for phase in [1, 2] {
+        let failure = report["phases"][phase]["failures"][0].as_str().unwrap();
+        assert!(
+            failure.ends_with("no dedup at all (see phase 1)"),
+            "{failure}"
+        );
+    }
     // The human report names the phase and the count.
     let out = check(&naive, db, &[]).await;
     assert_eq!(out.status.code(), Some(1), "{}", show(&out));

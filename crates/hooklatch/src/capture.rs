@@ -35,6 +35,8 @@ use base64::Engine;
 use hooklatch_core::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::config::SourceOutline;
+
 /// The export format's version, written as `"hooklatch_export": 1`.
 pub const EXPORT_VERSION: u32 = 1;
 
@@ -127,14 +129,13 @@ impl Capture {
     }
 }
 
-/// Fills in each capture's provider from the gateway's configuration (its source's adapter).
-pub fn fill_providers(captures: &mut [Capture], settings: &crate::config::Settings) {
+/// Fills in each capture's provider from the gateway's configuration (its source's provider).
+pub fn fill_providers(captures: &mut [Capture], sources: &[SourceOutline]) {
     for capture in captures.iter_mut().filter(|c| c.provider.is_none()) {
-        capture.provider = settings
-            .sources
+        capture.provider = sources
             .iter()
-            .find(|s| s.name.as_str() == capture.source)
-            .map(|s| s.adapter.provider().to_owned());
+            .find(|s| s.name == capture.source)
+            .map(|s| s.provider.clone());
     }
 }
 
@@ -198,17 +199,12 @@ pub struct ExportOptions {
 }
 
 impl ExportOptions {
-    /// The options for an export, with the signature headers of every source in `settings`.
-    pub fn new(keep_signatures: bool, settings: Option<&crate::config::Settings>) -> Self {
-        let signature_headers = settings
-            .map(|s| {
-                s.sources
-                    .iter()
-                    .flat_map(|source| source.adapter.signature_headers())
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
+    /// The options for an export, with the signature headers of every source in `sources`.
+    pub fn new(keep_signatures: bool, sources: &[SourceOutline]) -> Self {
+        let signature_headers = sources
+            .iter()
+            .flat_map(|source| source.signature_headers.iter().cloned())
+            .collect();
         ExportOptions {
             keep_signatures,
             signature_headers,

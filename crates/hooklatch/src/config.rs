@@ -17,7 +17,7 @@ use hooklatch_core::netguard::AddressPolicy;
 use hooklatch_core::provider::standard_webhooks::decode_secret;
 use hooklatch_core::provider::{
     Discord, Generic, GenericSettings, GitHub, Paddle, Razorpay, Shopify, SignatureEncoding, Slack,
-    StandardWebhooks, Stripe, Twilio, WhatsApp,
+    StandardWebhooks, Stripe, Twilio, WhatsApp, TIMESTAMP_SIGNERS,
 };
 use hooklatch_core::tls::{ClientIdentity, TlsFiles};
 use hooklatch_core::{ProviderAdapter, RetryPolicy, Secret, SourceName};
@@ -915,6 +915,75 @@ pub struct AdminSettings {
     pub admin_token: Option<Secret>,
 }
 
+/// A source as an export sees it: which provider its captures came from and which headers
+/// carry their signatures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceOutline {
+    /// The source's name (`/in/{name}`).
+    pub name: String,
+    /// Its provider (`stripe`, `generic`, ...).
+    pub provider: String,
+    /// The headers its provider signs in ([`ProviderAdapter::signature_headers`]).
+    pub signature_headers: Vec<String>,
+}
+
+impl Settings {
+    /// Every source's outline.
+    pub fn outlines(&self) -> Vec<SourceOutline> {
+        self.sources
+            .iter()
+            .map(|s| SourceOutline {
+                name: s.name.as_str().to_owned(),
+                provider: s.adapter.provider().to_owned(),
+                signature_headers: s
+                    .adapter
+                    .signature_headers()
+                    .into_iter()
+                    .map(str::to_owned)
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// The sources' outlines alone, for `events export`, which reads no secret: a provider's
+/// signing secret need not be set where history is exported.
+pub fn load_outlines(
+    file: Option<&Path>,
+    env: &HashMap<String, String>,
+) -> Result<Vec<SourceOutline>, ConfigError> {
+    let raw = raw(file, env)?;
+    let mut outlines = Vec::with_capacity(raw.sources.len());
+    for (i, rs) in raw.sources.iter().enumerate() {
+        let signature_headers = match (rs.provider.as_str(), &rs.signature_header) {
+            ("generic", Some(header)) => vec![header.clone()],
+            ("generic", None) => {
+                return Err(err(
+                    format!("sources[{i}].signature_header"),
+                    "is required for a generic source",
+                ))
+            }
+            (provider, _) => crate::fixtures::signer(provider, &Secret::from_text(""))
+                .ok_or_else(|| {
+                    err(
+                        format!("sources[{i}].provider"),
+                        format!("unknown provider {provider:?}"),
+                    )
+                })?
+                .signature_headers()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+        };
+        outlines.push(SourceOutline {
+            name: rs.name.clone(),
+            provider: rs.provider.clone(),
+            signature_headers,
+        });
+    }
+    Ok(outlines)
+}
+
 impl From<&Settings> for AdminSettings {
     fn from(s: &Settings) -> AdminSettings {
         AdminSettings {
@@ -1258,6 +1327,17 @@ fn resolve(
                     format!("{dest:?} is listed twice: each event would be delivered to it twice"),
                 ));
             }
+        }
+        if rs.tolerance.is_some() && !TIMESTAMP_SIGNERS.contains(&adapter.provider()) {
+            return Err(err(
+                format!("{key}.tolerance"),
+                format!(
+                    "applies only to providers that sign a timestamp ({}); {}'s signature \
+                     covers none, so a resent request is known by its event id alone",
+                    TIMESTAMP_SIGNERS.join(", "),
+                    adapter.provider()
+                ),
+            ));
         }
         let tolerance = rs
             .tolerance
@@ -2028,6 +2108,17 @@ tolerance = "30s"
         );
         assert!(s.sources[2].secrets.is_empty());
         assert_eq!(s.sources[6].tolerance, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_tolerance_is_refused_where_no_timestamp_is_signed() {
+        check_err(
+            "[[sources]]\nname = \"gh\"\nprovider = \"github\"\nsecrets = [\"s\"]\ntolerance = \"10m\"\n",
+            &[],
+            "sources[0].tolerance: applies only to providers that sign a timestamp (stripe, \
+             standard-webhooks, slack, paddle, discord); github's signature covers none, so a \
+             resent request is known by its event id alone",
+        );
     }
 
     #[test]

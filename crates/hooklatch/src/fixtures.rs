@@ -361,6 +361,21 @@ mod tests {
                 )
                 .unwrap_or_else(|e| panic!("{provider}/{name}: {e:?}"));
             assert_eq!(adapter.handshake(&req), None, "{provider}/{name}");
+            // An hour later the same request fails the tolerance exactly where a timestamp is
+            // signed: the list config and replay go by says what the adapters do.
+            let later = adapter.verify(
+                &InboundRequest {
+                    now: Timestamp::from_secs(now.as_secs() + 3_600),
+                    ..req
+                },
+                std::slice::from_ref(&secret),
+                std::time::Duration::from_secs(300),
+            );
+            assert_eq!(
+                matches!(later, Err(Rejection::StaleTimestamp { .. })),
+                hooklatch_core::provider::TIMESTAMP_SIGNERS.contains(&provider),
+                "{provider}/{name}: {later:?}"
+            );
             // An export leaves the signature out: what the adapter names is all it reads one
             // from, and every name is one an export recognises without the config.
             let mut unsigned = headers.clone();

@@ -512,12 +512,17 @@ fn log_effective_config(settings: &Settings) {
         "configuration"
     );
     for s in &settings.sources {
+        // A tolerance is only logged where it is used: a provider's signature that covers no
+        // timestamp has none.
+        let tolerance_s = hooklatch_core::provider::TIMESTAMP_SIGNERS
+            .contains(&s.adapter.provider())
+            .then_some(s.tolerance.as_secs());
         tracing::info!(
             source = %s.name,
             provider = s.adapter.provider(),
             secrets = s.secrets.len(),
             destinations = ?s.destinations,
-            tolerance_s = s.tolerance.as_secs(),
+            tolerance_s,
             retention_s = s.retention.as_secs(),
             "source"
         );

@@ -46,10 +46,6 @@ const TRANSPORT_HEADERS: &[&str] = &[
     "expect",
 ];
 
-/// Providers whose signature covers a timestamp, so an old capture fails their tolerance.
-pub const TIMESTAMP_SIGNERS: &[&str] =
-    &["stripe", "standard-webhooks", "slack", "paddle", "discord"];
-
 /// Providers whose signature covers the URL the request was sent to.
 const URL_SIGNERS: &[&str] = &["twilio"];
 
@@ -320,7 +316,7 @@ pub fn choose_signing(
             let signs_time = capture
                 .provider
                 .as_deref()
-                .is_some_and(|p| TIMESTAMP_SIGNERS.contains(&p));
+                .is_some_and(|p| hooklatch_core::provider::TIMESTAMP_SIGNERS.contains(&p));
             if !capture
                 .headers
                 .iter()

@@ -121,7 +121,17 @@ impl PgOptions {
                         }
                     };
                 }
-                _ => kept.push(pair),
+                driver if takes_driver_parameter(driver) => kept.push(pair),
+                // The driver would only log a warning, value and all (a mistyped `password`
+                // would put a secret in the log), and a mistyped `sslmode` would quietly leave
+                // TLS as the driver's default.
+                unknown => {
+                    return Err(format!(
+                        "unknown URL parameter {unknown:?}: hooklatch takes {} and the driver {}",
+                        OWN_PARAMETERS.join(", "),
+                        DRIVER_PARAMETERS.join(", ")
+                    ))
+                }
             }
         }
         if !kept.is_empty() {
@@ -180,6 +190,43 @@ impl fmt::Debug for PgOptions {
             .field("writers", &self.writers)
             .finish()
     }
+}
+
+/// The URL's query parameters hooklatch reads itself.
+const OWN_PARAMETERS: [&str; 5] = [
+    "pool_size",
+    "lock_timeout",
+    "allow_unsafe_durability",
+    "max_batch",
+    "writers",
+];
+
+/// The URL's query parameters the driver reads (besides `options[NAME]`, one server setting
+/// each), under their libpq names; it also takes a few spellings of its own (`ssl-mode`).
+const DRIVER_PARAMETERS: [&str; 13] = [
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "statement-cache-capacity",
+];
+
+/// Whether the driver reads the query parameter `key`.
+fn takes_driver_parameter(key: &str) -> bool {
+    DRIVER_PARAMETERS.contains(&key)
+        || matches!(
+            key,
+            "ssl-mode" | "ssl-root-cert" | "ssl-ca" | "ssl-cert" | "ssl-key"
+        )
+        || (key.starts_with("options[") && key.ends_with(']'))
 }
 
 /// `5s`, `500ms`, `2m`; a bare number is milliseconds, as PostgreSQL reads `lock_timeout`.
@@ -300,6 +347,35 @@ mod tests {
         );
         let err = PgOptions::from_url("postgres://u:hunter2@h:notaport/db").unwrap_err();
         assert!(!err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_parameter_is_refused_by_name_without_its_value() {
+        // A mistyped sslmode would leave TLS as the driver's default; a mistyped password
+        // would reach the driver's log with its value.
+        for (url, name) in [
+            ("postgres://h/db?sslmod=require", "sslmod"),
+            ("postgres://u@h/db?pasword=hunter2", "pasword"),
+            ("postgres://h/db?pool_size=4&poolsize=8", "poolsize"),
+        ] {
+            let err = PgOptions::from_url(url).unwrap_err();
+            assert!(
+                err.starts_with(&format!(
+                    "unknown URL parameter {name:?}: hooklatch takes pool_size"
+                )),
+                "{err}"
+            );
+            assert!(err.contains("sslmode"), "{err}");
+            assert!(
+                !err.contains("hunter2") && !err.contains("require"),
+                "{err}"
+            );
+        }
+        // The driver's own spellings and per-setting options pass through.
+        check(
+            "postgres://h/db?ssl-mode=disable&options[search_path]=x&application_name=a&statement-cache-capacity=10",
+            "postgres://h/db?ssl-mode=disable&options[search_path]=x&application_name=a&statement-cache-capacity=10 pool=16 wait=5s unsafe=false batch=64 writers=4",
+        );
     }
 
     #[test]

@@ -45,8 +45,8 @@ fn run(args: &[&str], admin: &str) -> (Option<i32>, String) {
     )
 }
 
-/// `migrate` reads `[store]` alone, and an admin verb given `--token` reads no secret of the
-/// file: the signing secrets and the admin token, set in the gateway's environment, need not
+/// `migrate` reads `[store]` alone, and an admin verb given `--token` (`events export` too,
+/// which reads the sources' providers) reads no secret of the file: the signing secrets and the admin token, set in the gateway's environment, need not
 /// be set where an operator migrates or lists the dead-letter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_and_admin_verbs_need_no_secret_they_do_not_use() {
@@ -93,6 +93,35 @@ secrets = ["env:HOOKLATCH_TEST_UNSET_STRIPE_SECRET"]
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("0 dead-lettered deliveries"), "{stderr}");
+    // An export reads the sources' providers from the file, not their secrets.
+    let key = gw.send_stripe_event("stripe", "evt_export_").await;
+    let out = hooklatch(&[
+        "events",
+        "export",
+        "--config",
+        config,
+        "--token",
+        ADMIN_TOKEN,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("exported 1 capture"), "{stderr}");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("an export");
+    let capture = &doc["captures"][0];
+    assert_eq!(capture["provider"], "stripe", "{doc}");
+    assert!(
+        capture["keys"][0]
+            .as_str()
+            .is_some_and(|k| key.ends_with(k)),
+        "{doc}"
+    );
+    assert!(
+        !capture["headers"]
+            .to_string()
+            .to_ascii_lowercase()
+            .contains("stripe-signature"),
+        "{doc}"
+    );
     // Without --token the file's token is read, and its absence is the error.
     let out = hooklatch(&["dlq", "list", "--config", config]);
     let stderr = String::from_utf8_lossy(&out.stderr);

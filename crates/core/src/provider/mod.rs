@@ -266,6 +266,12 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
     }
 }
 
+/// Providers whose signature covers a timestamp, which [`ProviderAdapter::verify`] checks
+/// against its tolerance: a source of any other provider has no `tolerance` to set, and a
+/// capture of theirs stays valid however old it is.
+pub const TIMESTAMP_SIGNERS: &[&str] =
+    &["stripe", "standard-webhooks", "slack", "paddle", "discord"];
+
 /// The shortest default retention of any provider: 7 days.
 pub const MIN_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
