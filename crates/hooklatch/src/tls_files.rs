@@ -43,10 +43,24 @@ pub fn certified_key(identity: &ClientIdentity) -> Result<CertifiedKey, String> 
         return Err("the certificate file holds no PEM certificate".to_owned());
     }
     let key = PrivateKeyDer::from_pem_slice(identity.key_pem.expose()).map_err(|_| {
-        "the key holds no PEM private key (PKCS #8, PKCS #1 or SEC1, unencrypted)".to_owned()
+        if is_encrypted(identity.key_pem.expose()) {
+            "the key is encrypted with a passphrase, which the gateway has no way to ask for: \
+             write it out unencrypted (`openssl pkey -in KEY -out KEY.plain`) and keep that \
+             file readable by the gateway's user alone"
+                .to_owned()
+        } else {
+            "the key holds no PEM private key (PKCS #8, PKCS #1 or SEC1, unencrypted)".to_owned()
+        }
     })?;
     CertifiedKey::from_der(certs, key, &default_provider())
         .map_err(|e| format!("the key cannot be used with the certificate: {e}"))
+}
+
+/// Whether a PEM text holds a passphrase-encrypted key: PKCS #8's `ENCRYPTED PRIVATE KEY`,
+/// or OpenSSL's older `Proc-Type: 4,ENCRYPTED` header inside an RSA or EC key.
+fn is_encrypted(pem: &[u8]) -> bool {
+    let has = |needle: &[u8]| pem.windows(needle.len()).any(|w| w == needle);
+    has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
 }
 
 #[cfg(test)]
@@ -107,6 +121,20 @@ mod tests {
         };
         let msg = check_client_identity(&not_a_key).unwrap_err();
         assert!(!msg.contains("c2VjcmV0"), "{msg}");
+
+        // A passphrase-protected key, in both of OpenSSL's forms, is named as such.
+        for encrypted in [
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nc2VjcmV0LWtleQ==\n-----END ENCRYPTED PRIVATE KEY-----\n",
+            "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\nc2VjcmV0LWtleQ==\n-----END RSA PRIVATE KEY-----\n",
+        ] {
+            let locked = ClientIdentity {
+                key_pem: Secret::from_text(encrypted),
+                ..identity.clone()
+            };
+            let msg = check_client_identity(&locked).unwrap_err();
+            assert!(msg.starts_with("the key is encrypted with a passphrase"), "{msg}");
+            assert!(!msg.contains("c2VjcmV0"), "{msg}");
+        }
 
         let no_cert = ClientIdentity {
             cert_pem: String::new(),
