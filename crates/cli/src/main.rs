@@ -546,6 +546,11 @@ struct SigningArgs {
     /// The signing secret: a literal, env:NAME or file:PATH (Discord: the private key seed).
     #[arg(long, requires = "provider")]
     secret: Option<String>,
+    /// Re-sign requests the gateway rejected when they came, too. Without it such a capture is
+    /// refused rather than re-signed: its body was never verified, and a fresh signature would
+    /// vouch for it. For a genuine event refused while the source's secret was wrong.
+    #[arg(long, conflicts_with = "original")]
+    resign_rejected: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -1265,8 +1270,13 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         for capture in &captures {
             let signer =
                 hooklatch::replay::signer_for(capture, given.as_ref(), settings.as_ref(), &target)?;
-            let (signing, note) =
-                hooklatch::replay::choose_signing(mode, signer, capture, Timestamp::now())?;
+            let (signing, note) = hooklatch::replay::choose_signing(
+                mode,
+                signer,
+                capture,
+                args.signing.resign_rejected,
+                Timestamp::now(),
+            )?;
             if !args.json {
                 eprintln!("{note}");
             }

@@ -61,6 +61,9 @@ pub struct Capture {
     pub received_at_ms: i64,
     /// The event key(s) the gateway extracted (empty for a refused request).
     pub keys: Vec<String>,
+    /// The gateway's verdict on it (`accepted`, `rejected`, ...), when it came from a gateway
+    /// (exports before this field have none).
+    pub verdict: Option<String>,
     /// Headers as received, in order, byte-exact values.
     pub headers: Vec<(String, Vec<u8>)>,
     /// The body, byte-exact.
@@ -97,6 +100,16 @@ impl Capture {
             .map(|(_, v)| v.as_slice())
     }
 
+    /// Whether the gateway refused it when it came (verdict `rejected`: a signature, key or
+    /// body that did not pass), so nothing vouches for its body. A capture without a verdict
+    /// (an older export) counts as refused when it has a request id and no event key.
+    pub fn was_refused(&self) -> bool {
+        match self.verdict.as_deref() {
+            Some(verdict) => verdict == "rejected",
+            None => self.request_id.is_some() && self.keys.is_empty(),
+        }
+    }
+
     /// A short name for reports: the request id, else the first key, else the source.
     pub fn label(&self) -> String {
         match (&self.request_id, self.keys.first()) {
@@ -123,6 +136,7 @@ impl Capture {
             path: raw.path,
             received_at_ms: raw.received_at_ms,
             keys: raw.keys,
+            verdict: raw.verdict,
             headers: decode_headers(&raw.headers, &label)?,
             body: decode_b64(&raw.body_base64, &format!("{label}: body_base64"))?,
         })
@@ -181,6 +195,7 @@ pub fn read_export(bytes: &[u8]) -> Result<Vec<Capture>, CaptureError> {
                 path: c.path,
                 received_at_ms: c.received_at_ms,
                 keys: c.keys,
+                verdict: c.verdict,
             })
         })
         .collect()
@@ -252,6 +267,7 @@ pub fn write_export(
                 path: c.path.clone(),
                 received_at_ms: c.received_at_ms,
                 keys: c.keys.clone(),
+                verdict: c.verdict.clone(),
                 headers: c
                     .headers
                     .iter()
@@ -340,6 +356,8 @@ struct ExportCapture {
     received_at_ms: i64,
     #[serde(default)]
     keys: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    verdict: Option<String>,
     headers: Vec<WireHeader>,
     body_base64: String,
 }
@@ -364,6 +382,8 @@ struct AdminRequest {
     received_at_ms: i64,
     #[serde(default)]
     keys: Vec<String>,
+    #[serde(default)]
+    verdict: Option<String>,
     headers: Vec<WireHeader>,
     body_base64: String,
     #[serde(default)]
@@ -387,6 +407,7 @@ mod tests {
             path: "/in/stripe".to_owned(),
             received_at_ms: 1_700_000_000_123,
             keys: vec!["evt_1".to_owned()],
+            verdict: None,
             headers: vec![
                 ("content-type".to_owned(), b"application/json".to_vec()),
                 ("stripe-signature".to_owned(), b"t=1,v1=ab".to_vec()),

@@ -468,6 +468,7 @@ fn prepare(input: CheckInput, to: &str, notes: &mut Vec<String>) -> Result<Prepa
                 path: path.clone(),
                 received_at_ms: now.as_millis(),
                 keys: vec![e.key.clone()],
+                verdict: None,
                 headers: e
                     .headers
                     .iter()
@@ -770,6 +771,7 @@ mod tests {
             path: "/in/s".to_owned(),
             received_at_ms: 0,
             keys: vec!["evt_123456".to_owned()],
+            verdict: None,
             headers: vec![("x-id".to_owned(), b"evt_123456".to_vec())],
             body: br#"{"id":"evt_123456","n":1}"#.to_vec(),
         };

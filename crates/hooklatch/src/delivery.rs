@@ -49,7 +49,7 @@ use crate::listen::{Forwarded, ListenHub};
 use crate::outbound::check_literal;
 
 /// Request headers never forwarded: hop-by-hop headers, ones the HTTP client sets itself, and
-/// the Standard Webhooks headers hooklatch writes with its own signature.
+/// `Idempotency-Key`, which hooklatch writes.
 const DROPPED_HEADERS: &[&str] = &[
     "host",
     "content-length",
@@ -63,9 +63,19 @@ const DROPPED_HEADERS: &[&str] = &[
     "upgrade",
     "expect",
     "idempotency-key",
+];
+
+/// The Standard Webhooks headers (and Svix's names for them) a signing destination gets from
+/// hooklatch: a standard-webhooks source's own are left out there, so the application's
+/// library finds the gateway's signature and no other. Without a destination secret they go
+/// through like any provider's signature.
+const SIGNATURE_HEADERS: &[&str] = &[
     "webhook-id",
     "webhook-timestamp",
     "webhook-signature",
+    "svix-id",
+    "svix-timestamp",
+    "svix-signature",
 ];
 
 /// An attempt being recorded with the task's next lease ([`Worker::record_and_lease`]).
@@ -780,7 +790,7 @@ impl Post for reqwest::Client {
 /// [`LeasedDelivery::payload`]), and the headers: the original ones but those in
 /// [`DROPPED_HEADERS`] and any `hooklatch-*`, then `Idempotency-Key`, the `hooklatch-*`
 /// delivery headers and, when the destination has a secret, a Standard Webhooks signature
-/// made at `now`.
+/// made at `now` in place of any the provider sent ([`SIGNATURE_HEADERS`]).
 pub(crate) fn outgoing(
     delivery: &LeasedDelivery,
     attempt: u32,
@@ -788,9 +798,11 @@ pub(crate) fn outgoing(
     now: Timestamp,
 ) -> (bytes::Bytes, Vec<(String, Vec<u8>)>) {
     let (body, content_type) = delivery.payload();
+    let signing_key = secret.and_then(decode_secret);
     let mut headers: Vec<(String, Vec<u8>)> = Vec::with_capacity(delivery.headers.len() + 8);
     for (name, value) in &delivery.headers {
-        let replaced = content_type.is_some() && name.eq_ignore_ascii_case("content-type");
+        let replaced = (content_type.is_some() && name.eq_ignore_ascii_case("content-type"))
+            || (signing_key.is_some() && SIGNATURE_HEADERS.contains(&name.as_str()));
         if replaced || DROPPED_HEADERS.contains(&name.as_str()) || name.starts_with("hooklatch-") {
             continue;
         }
@@ -811,7 +823,7 @@ pub(crate) fn outgoing(
     if let Some(value) = event_type.and_then(|t| HeaderValue::from_str(t).ok()) {
         add("hooklatch-event-type", value.as_bytes());
     }
-    if let Some(key_bytes) = secret.and_then(decode_secret) {
+    if let Some(key_bytes) = signing_key {
         let ts = now.as_secs();
         add("webhook-id", key.as_bytes());
         add("webhook-timestamp", ts.to_string().as_bytes());
@@ -899,7 +911,7 @@ mod tests {
         Purged, Redrive, Rejected, RequestDetail, RequestFilter, RequestRecord, RequestSummary,
         StoreStats,
     };
-    use hooklatch_core::{DeliveryId, RequestId, RetryPolicy};
+    use hooklatch_core::{DeliveryId, IdempotencyKey, RequestId, RetryPolicy, Secret};
     use hooklatch_testkit::conformance::fixture;
     use hooklatch_testkit::MemoryStore;
     use tokio::sync::Semaphore;
@@ -1402,6 +1414,77 @@ mod tests {
         let url = format!("http://{}/sink", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await });
         (url, received)
+    }
+
+    /// A standard-webhooks source's signature reaches a destination without a secret as the
+    /// provider sent it (the application may verify it); a signing destination gets the
+    /// gateway's in its place, under both libraries' names, and never two.
+    #[test]
+    fn a_providers_standard_webhooks_headers_go_through_unless_the_destination_signs() {
+        let provider = [
+            ("content-type", "application/json"),
+            ("webhook-id", "msg_provider"),
+            ("webhook-timestamp", "1700000000"),
+            ("webhook-signature", "v1,provider="),
+            ("svix-id", "msg_provider"),
+            ("svix-signature", "v1,provider="),
+            ("idempotency-key", "from-the-provider"),
+            ("host", "gateway.example"),
+        ];
+        let delivery = LeasedDelivery {
+            id: DeliveryId(7),
+            request_id: RequestId(3),
+            source: "svix".to_owned(),
+            event_key: "msg_provider".to_owned(),
+            event_type: None,
+            destination: "app".to_owned(),
+            idempotency_key: IdempotencyKey::from_stored("svix:msg_provider".to_owned()),
+            attempts: 0,
+            round_started_at: Timestamp::from_secs(1_700_000_000),
+            method: "POST".to_owned(),
+            path: "/in/svix".to_owned(),
+            headers: provider
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+                .collect(),
+            body: bytes::Bytes::from_static(b"{}"),
+            lease_until: None,
+        };
+        let now = Timestamp::from_secs(1_700_000_100);
+        let sent = |secret: Option<&Secret>| -> Vec<(String, String)> {
+            let (_, headers) = outgoing(&delivery, 1, secret, now);
+            headers
+                .into_iter()
+                .map(|(n, v)| (n, String::from_utf8(v).unwrap()))
+                .collect()
+        };
+        let values = |headers: &[(String, String)], name: &str| -> Vec<String> {
+            headers
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+
+        let plain = sent(None);
+        for (name, value) in &provider[..6] {
+            assert_eq!(values(&plain, name), [*value], "{name}");
+        }
+        assert_eq!(values(&plain, "idempotency-key"), ["svix:msg_provider"]);
+        assert!(values(&plain, "host").is_empty());
+
+        let secret = Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
+        let signed = sent(Some(&secret));
+        assert_eq!(values(&signed, "webhook-id"), ["svix:msg_provider"]);
+        assert_eq!(values(&signed, "webhook-timestamp"), ["1700000100"]);
+        let signature = values(&signed, "webhook-signature");
+        assert!(
+            signature.len() == 1 && signature[0] != "v1,provider=",
+            "{signature:?}"
+        );
+        for name in ["svix-id", "svix-signature"] {
+            assert!(values(&signed, name).is_empty(), "{name}");
+        }
     }
 
     /// An event type with a control character cannot be a header value: the delivery goes

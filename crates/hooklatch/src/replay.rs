@@ -65,6 +65,15 @@ pub enum ReplayError {
     /// `--resign` without a secret to sign with.
     #[error("re-signing {0} needs its signing secret: pass --config (the gateway's config) or --provider and --secret")]
     NoSecret(String),
+    /// A capture the gateway rejected when it came, to be re-signed without
+    /// `--resign-rejected`.
+    #[error(
+        "{0} was rejected when it came (its signature, key or body did not pass), so nothing \
+         vouches for its body and a fresh signature would: send it as captured with --original \
+         (the receiver checks it again), or pass --resign-rejected if you know it is genuine \
+         (refused while the source's secret was wrong)"
+    )]
+    Rejected(String),
     /// A captured header cannot be sent.
     #[error("header {0:?} cannot be sent as captured")]
     BadHeader(String),
@@ -296,11 +305,13 @@ pub fn signer_for(
     })
 }
 
-/// Resolves `mode` for one capture, with a line saying what was chosen and why.
+/// Resolves `mode` for one capture, with a line saying what was chosen and why. A capture
+/// the gateway rejected ([`Capture::was_refused`]) is re-signed only with `resign_rejected`.
 pub fn choose_signing(
     mode: SignMode,
     signer: Option<Signer>,
     capture: &Capture,
+    resign_rejected: bool,
     now: Timestamp,
 ) -> Result<(Signing, String), ReplayError> {
     let label = capture.label();
@@ -336,6 +347,9 @@ pub fn choose_signing(
             Ok((Signing::Original, note))
         }
         (SignMode::Resign, None) => Err(ReplayError::NoSecret(label)),
+        (_, Some(_)) if capture.was_refused() && !resign_rejected => {
+            Err(ReplayError::Rejected(label))
+        }
         (_, Some(signer)) => {
             let mut note = format!(
                 "{label}: re-signing with the {} secret as each request is sent",
@@ -790,6 +804,7 @@ mod tests {
             path: "/in/stripe".to_owned(),
             received_at_ms: signed_at.as_millis(),
             keys: vec!["evt_1".to_owned()],
+            verdict: None,
             headers,
             body,
         };
@@ -821,14 +836,48 @@ mod tests {
         let now = Timestamp::from_secs(1_780_000_000);
         let (capture, secret) = stripe_capture(now);
         let github = Signer::for_provider("github", secret.clone()).unwrap();
-        let (_, note) = choose_signing(SignMode::Resign, Some(github), &capture, now).unwrap();
+        let (_, note) =
+            choose_signing(SignMode::Resign, Some(github), &capture, false, now).unwrap();
         assert!(
             note.contains("warning: the capture came from stripe"),
             "{note}"
         );
         let stripe = Signer::for_provider("stripe", secret).unwrap();
-        let (_, note) = choose_signing(SignMode::Resign, Some(stripe), &capture, now).unwrap();
+        let (_, note) =
+            choose_signing(SignMode::Resign, Some(stripe), &capture, false, now).unwrap();
         assert!(!note.contains("warning"), "{note}");
+    }
+
+    /// A request the gateway rejected is not re-signed unless asked: a fresh signature would
+    /// vouch for a body nothing verified. Sent as captured, the receiver checks it again.
+    #[test]
+    fn a_rejected_capture_is_re_signed_only_when_asked() {
+        let now = Timestamp::from_secs(1_780_000_000);
+        let (mut capture, secret) = stripe_capture(now);
+        let stripe = Signer::for_provider("stripe", secret).unwrap();
+        let sign = |capture: &Capture, mode, resign_rejected| {
+            choose_signing(mode, Some(stripe.clone()), capture, resign_rejected, now)
+                .map(|(signing, _)| matches!(signing, Signing::Resign(_)))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(sign(&capture, SignMode::Auto, false), Ok(true));
+        capture.verdict = Some("rejected".to_owned());
+        for mode in [SignMode::Auto, SignMode::Resign] {
+            let err = sign(&capture, mode, false).unwrap_err();
+            assert!(
+                err.starts_with("req_1 (evt_1) was rejected when it came")
+                    && err.contains("--original"),
+                "{err}"
+            );
+            assert_eq!(sign(&capture, mode, true), Ok(true));
+        }
+        assert_eq!(sign(&capture, SignMode::Original, false), Ok(false));
+        // An older export has no verdict: a gateway's request with no event key was refused.
+        capture.verdict = None;
+        capture.keys.clear();
+        assert!(sign(&capture, SignMode::Auto, false).is_err());
+        capture.verdict = Some("handshake".to_owned());
+        assert_eq!(sign(&capture, SignMode::Auto, false), Ok(true));
     }
 
     #[test]
@@ -867,6 +916,7 @@ mod tests {
             path: "/in/twilio?CallSid=CA1".to_owned(),
             received_at_ms: 0,
             keys: vec!["CA1".to_owned()],
+            verdict: None,
             headers: Vec::new(),
             body: Vec::new(),
         };
@@ -952,6 +1002,7 @@ mod tests {
             path: "/in/sw".to_owned(),
             received_at_ms: 0,
             keys: vec!["msg_1".to_owned()],
+            verdict: None,
             headers: vec![
                 ("svix-id".to_owned(), b"msg_1".to_vec()),
                 ("svix-timestamp".to_owned(), b"1".to_vec()),
