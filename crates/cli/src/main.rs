@@ -1379,6 +1379,13 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
                     captures.len()
                 );
                 let mut capture = captures.remove(0);
+                // check re-signs what it sends: a body nothing verified is not one to vouch for.
+                anyhow::ensure!(
+                    !capture.was_refused(),
+                    "{} was rejected when it came (its signature, key or body did not pass): \
+                     check a capture the gateway accepted, or a test event (--provider)",
+                    capture.label()
+                );
                 if let Some(s) = &settings {
                     hooklatch::capture::fill_providers(
                         std::slice::from_mut(&mut capture),

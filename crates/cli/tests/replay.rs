@@ -323,6 +323,89 @@ async fn replay_explains_what_it_cannot_do() {
     );
 }
 
+/// A forgery the gateway rejected is not re-signed into an accepted event: `replay` refuses
+/// it unless `--resign-rejected`, sends it `--original` (refused again), and `check` refuses it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rejected_request_is_not_re_signed_unless_asked() {
+    let gateway = Gateway::start(None, &[]).await;
+    let body = stripe_body(&unique("evt_forged"), 9900);
+    let mut headers = stripe_headers(&body, Timestamp::now());
+    for (name, value) in &mut headers {
+        if name.eq_ignore_ascii_case("stripe-signature") {
+            *value = value.replace("v1=", "v1=00");
+        }
+    }
+    let (status, answer) = gateway.post_stripe(&headers, &body).await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (401, Some("invalid_signature")),
+        "{answer}"
+    );
+    // Its history record, the newest request.
+    let out = hooklatch(&[
+        "events",
+        "list",
+        "--admin",
+        &gateway.admin,
+        "--verdict",
+        "rejected",
+        "--json",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let listed = json_of(&out);
+    // One JSON object a line; the only rejected request here.
+    let id = listed["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a history record: {listed:#}"))
+        .to_owned();
+    let config = gateway.config();
+    let config = config.to_str().unwrap();
+    let replay = |extra: &'static [&'static str]| {
+        let mut args = vec!["replay", id.as_str(), "--via-gateway", "--config", config];
+        args.extend(extra);
+        args.push("--json");
+        let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            hooklatch(&args).await
+        }
+    };
+    let out = replay(&[]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("was rejected when it came"), "{stderr}");
+    assert!(stderr.contains("--resign-rejected"), "{stderr}");
+
+    let out = replay(&["--original"]).await;
+    let replayed = &first_replay(&out, 1);
+    assert_eq!(replayed["answers"]["invalid_signature"], 1, "{replayed:#}");
+
+    // Asked for, as when a genuine event was refused under a wrong secret: accepted.
+    let out = replay(&["--resign-rejected"]).await;
+    let replayed = &first_replay(&out, 0);
+    assert_eq!(replayed["answers"]["accepted"], 1, "{replayed:#}");
+
+    let out = hooklatch(&[
+        "check",
+        "--capture",
+        &id,
+        "--admin",
+        &gateway.admin,
+        "--config",
+        config,
+        "--to",
+        "http://127.0.0.1:9/",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("was rejected when it came"),
+        "{}",
+        show(&out)
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // check
 
