@@ -938,9 +938,27 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+/// The log filter without `RUST_LOG`: hooklatch's own lines, not the libraries' echoes of
+/// them (lapin logs every broker error hooklatch reports again, in its own words; PostgreSQL's
+/// notices are the migrations' "already exists, skipping").
+const DEFAULT_LOG: &str = "info,lapin=off,sqlx::postgres::notice=warn";
+
+/// Always off, whatever `RUST_LOG` says: lapin logs a message the broker returned (an
+/// unroutable delivery) whole, its body an event's.
+const NEVER_LOGGED: &[&str] = &["lapin::returned_messages=off"];
+
+fn log_filter() -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let mut filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
+    for directive in NEVER_LOGGED {
+        filter = filter.add_directive(directive.parse().expect("a valid directive"));
+    }
+    filter
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = log_filter();
     // Colours only on a terminal: a log file or a collector gets plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
