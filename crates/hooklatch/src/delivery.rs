@@ -540,6 +540,18 @@ impl Worker {
         let started_at = Timestamp::now();
         let clock = Instant::now();
         let Some(dest) = self.destinations.get(&delivery.destination).cloned() else {
+            // On a shared store another instance may have the destination (one started from a
+            // newer configuration, in a rolling deploy): put the row back uncounted, as for a
+            // listener connected elsewhere, rather than spend its attempts here.
+            if self.listen.shared() {
+                tracing::warn!(
+                    destination = %delivery.destination,
+                    "a delivery to a destination this instance does not have: put back for an \
+                     instance that has it"
+                );
+                let next = AttemptNext::Wait(self.listen.wait_until(&delivery, started_at));
+                return self.unsent(&delivery, started_at, None, next);
+            }
             let error = format!(
                 "destination {:?} is no longer configured",
                 delivery.destination
@@ -1416,6 +1428,74 @@ mod tests {
         (url, received)
     }
 
+    /// A delivery of `svix:msg_provider` to `destination`, received at `received`, built by hand.
+    fn hand_built(destination: &str, received: Timestamp) -> LeasedDelivery {
+        LeasedDelivery {
+            id: DeliveryId(7),
+            request_id: RequestId(3),
+            source: "svix".to_owned(),
+            event_key: "msg_provider".to_owned(),
+            event_type: None,
+            destination: destination.to_owned(),
+            idempotency_key: IdempotencyKey::from_stored("svix:msg_provider".to_owned()),
+            attempts: 0,
+            round_started_at: received,
+            method: "POST".to_owned(),
+            path: "/in/svix".to_owned(),
+            headers: Vec::new(),
+            body: bytes::Bytes::from_static(b"{}"),
+            lease_until: None,
+        }
+    }
+
+    /// A delivery to a destination this instance does not have: dead-lettered where no other
+    /// instance could have it (SQLite); on a shared store put back uncounted for one that may
+    /// (a rolling deploy that adds a destination), as soon as a listener's row would be.
+    #[tokio::test]
+    async fn a_destination_only_another_instance_has_is_left_to_it_on_a_shared_store() {
+        let store = Arc::new(slow_commits(false, &[]).await);
+        let received = Timestamp::now();
+        let delivery = hand_built("added-elsewhere", received);
+        let alone = worker(
+            store.clone(),
+            "http://127.0.0.1:9/",
+            1,
+            Duration::from_secs(1),
+        );
+        let result = alone.deliver(delivery.clone()).await;
+        assert_eq!(result.next, AttemptNext::DeadLetter);
+        assert!(
+            result.error.as_deref()
+                == Some("destination \"added-elsewhere\" is no longer configured"),
+            "{result:?}"
+        );
+
+        let mut shared = worker(
+            store.clone(),
+            "http://127.0.0.1:9/",
+            1,
+            Duration::from_secs(1),
+        );
+        shared.listen = Arc::new(ListenHub::new(
+            store,
+            shared.enqueued.clone(),
+            &[],
+            CancellationToken::new(),
+            true,
+        ));
+        let result = shared.deliver(delivery).await;
+        let AttemptNext::Wait(until) = result.next else {
+            panic!("put back: {result:?}");
+        };
+        let wait = until.since(result.started_at);
+        assert!(
+            (crate::listen::AWAY_RECHECK_SHARED_MIN..=crate::listen::AWAY_RECHECK_SHARED)
+                .contains(&wait),
+            "{wait:?}"
+        );
+        assert_eq!(result.error, None);
+    }
+
     /// A standard-webhooks source's signature reaches a destination without a secret as the
     /// provider sent it (the application may verify it); a signing destination gets the
     /// gateway's in its place, under both libraries' names, and never two.
@@ -1431,25 +1511,11 @@ mod tests {
             ("idempotency-key", "from-the-provider"),
             ("host", "gateway.example"),
         ];
-        let delivery = LeasedDelivery {
-            id: DeliveryId(7),
-            request_id: RequestId(3),
-            source: "svix".to_owned(),
-            event_key: "msg_provider".to_owned(),
-            event_type: None,
-            destination: "app".to_owned(),
-            idempotency_key: IdempotencyKey::from_stored("svix:msg_provider".to_owned()),
-            attempts: 0,
-            round_started_at: Timestamp::from_secs(1_700_000_000),
-            method: "POST".to_owned(),
-            path: "/in/svix".to_owned(),
-            headers: provider
-                .iter()
-                .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
-                .collect(),
-            body: bytes::Bytes::from_static(b"{}"),
-            lease_until: None,
-        };
+        let mut delivery = hand_built("app", Timestamp::from_secs(1_700_000_000));
+        delivery.headers = provider
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+            .collect();
         let now = Timestamp::from_secs(1_700_000_100);
         let sent = |secret: Option<&Secret>| -> Vec<(String, String)> {
             let (_, headers) = outgoing(&delivery, 1, secret, now);

@@ -252,6 +252,11 @@ impl ListenHub {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether other gateways may share the store.
+    pub(crate) fn shared(&self) -> bool {
+        self.shared
+    }
+
     /// When a delivery found with no listener at `now` is looked at again.
     pub(crate) fn wait_until(&self, delivery: &LeasedDelivery, now: Timestamp) -> Timestamp {
         let wait = if self.shared {

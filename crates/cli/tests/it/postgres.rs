@@ -433,6 +433,89 @@ async fn an_ingest_only_instance_queues_and_another_instance_delivers() {
     db.drop_now().await;
 }
 
+/// A rolling deploy that adds a destination: an instance still on the old configuration
+/// leases a delivery to it and puts it back, uncounted, instead of dead-lettering it; an
+/// instance that has the destination delivers it, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_without_a_destination_leaves_its_deliveries_to_one_that_has_it() {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let newer = format!(
+        r#"
+[[sources]]
+name = "stripe_new"
+provider = "stripe"
+secrets = ["env:E2E_STRIPE_SECRET"]
+destinations = ["added"]
+
+[[destinations]]
+name = "added"
+url = "{}"
+allow = ["127.0.0.1"]
+"#,
+        handler.url()
+    );
+    let front = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            deliver: false,
+            extra_config: newer.clone(),
+            ..Options::default()
+        },
+    )
+    .await;
+    let id = unique("evt_pg_added");
+    let body = stripe_invoice_paid(&id, 1300);
+    let (status, json) = front.post("stripe_new", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+
+    // The old configuration: no "added" destination.
+    let old = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            ..Options::default()
+        },
+    )
+    .await;
+    wait_until_within(
+        "the old instance leased the delivery and put it back",
+        Duration::from_secs(30),
+        || {
+            old.log()
+                .contains("a destination this instance does not have")
+        },
+    )
+    .await;
+    let key = format!("stripe_new:{id}");
+    let rows = front.deliveries_for(&key).await;
+    assert_eq!(rows.len(), 1, "{rows:#?}");
+    assert_eq!(rows[0]["state"], "pending", "{rows:#?}");
+    assert_eq!(rows[0]["attempts"], 0, "{rows:#?}");
+    assert_eq!(handler.total(), 0);
+
+    let new = Gateway::start_with(
+        &handler,
+        Options {
+            store_url: Some(db.url()),
+            extra_config: newer,
+            ..Options::default()
+        },
+    )
+    .await;
+    new.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(handler.count_for(&key), 1);
+    drop((front, old, new));
+    db.drop_now().await;
+}
+
 /// The same text for an event type in every attempt on PostgreSQL, whose `TEXT` cannot hold
 /// the NUL the request carried (`retries::event_type_of_each_attempt`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
