@@ -872,7 +872,9 @@ const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
 
 /// Loads the layers and resolves them. `env` is the process environment (passed in for tests).
 pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settings, ConfigError> {
-    resolve(raw(file, env)?, env, file.and_then(Path::parent))
+    read(file, env, |raw| {
+        resolve(raw, env, file.and_then(Path::parent))
+    })
 }
 
 /// The store's settings alone, for a verb that opens the store and nothing else (`migrate`):
@@ -883,7 +885,9 @@ pub fn load_store(
     file: Option<&Path>,
     env: &HashMap<String, String>,
 ) -> Result<StoreSettings, ConfigError> {
-    store_settings(&raw(file, env)?, env, file.and_then(Path::parent))
+    read(file, env, |raw| {
+        store_settings(&raw, env, file.and_then(Path::parent))
+    })
 }
 
 /// Where a gateway's admin API is, and its token unless `token` is false (the caller has one):
@@ -893,14 +897,15 @@ pub fn load_admin(
     env: &HashMap<String, String>,
     token: bool,
 ) -> Result<AdminSettings, ConfigError> {
-    let raw = raw(file, env)?;
     let base_dir = file.and_then(Path::parent);
-    Ok(AdminSettings {
-        admin_listen: parse_addr("server.admin_listen", &raw.server.admin_listen)?,
-        admin_tls: admin_tls(&raw.server)?,
-        admin_token: token
-            .then(|| admin_token(&raw.server, env, base_dir))
-            .transpose()?,
+    read(file, env, |raw| {
+        Ok(AdminSettings {
+            admin_listen: parse_addr("server.admin_listen", &raw.server.admin_listen)?,
+            admin_tls: admin_tls(&raw.server)?,
+            admin_token: token
+                .then(|| admin_token(&raw.server, env, base_dir))
+                .transpose()?,
+        })
     })
 }
 
@@ -952,7 +957,10 @@ pub fn load_outlines(
     file: Option<&Path>,
     env: &HashMap<String, String>,
 ) -> Result<Vec<SourceOutline>, ConfigError> {
-    let raw = raw(file, env)?;
+    read(file, env, outlines)
+}
+
+fn outlines(raw: RawConfig) -> Result<Vec<SourceOutline>, ConfigError> {
     let mut outlines = Vec::with_capacity(raw.sources.len());
     for (i, rs) in raw.sources.iter().enumerate() {
         let signature_headers = match (rs.provider.as_str(), &rs.signature_header) {
@@ -994,9 +1002,36 @@ impl From<&Settings> for AdminSettings {
     }
 }
 
-/// The layers merged (the defaults, the file, the environment) and read into their types; no
-/// value resolved yet, no secret read.
-fn raw(file: Option<&Path>, env: &HashMap<String, String>) -> Result<RawConfig, ConfigError> {
+/// The layers read ([`raw`]) and handed to `then`; a mistake `then` finds in a value an
+/// environment variable set is blamed on that variable, as [`raw`] blames a value of the
+/// wrong type.
+fn read<T>(
+    file: Option<&Path>,
+    env: &HashMap<String, String>,
+    then: impl FnOnce(RawConfig) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    let (raw, overridden) = raw(file, env)?;
+    then(raw).map_err(|ConfigError(msg)| {
+        let var = overridden.iter().find_map(|(set, var)| {
+            let rest = msg.strip_prefix(set.as_str())?;
+            [":", ".", "["]
+                .iter()
+                .any(|next| rest.starts_with(next))
+                .then_some(var)
+        });
+        match var {
+            Some(var) => ConfigError(format!("{var}: {msg}")),
+            None => ConfigError(msg),
+        }
+    })
+}
+
+/// The layers merged (the defaults, the file, the environment) and read into their types, with
+/// the keys each environment variable set; no value resolved yet, no secret read.
+fn raw<'e>(
+    file: Option<&Path>,
+    env: &'e HashMap<String, String>,
+) -> Result<(RawConfig, Vec<(String, &'e str)>), ConfigError> {
     let mut doc: Value = toml::from_str(DEFAULT_CONFIG)
         .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
     if let Some(path) = file {
@@ -1025,7 +1060,7 @@ fn raw(file: Option<&Path>, env: &HashMap<String, String>) -> Result<RawConfig, 
             without_values(e.inner().message().trim())
         ))
     })?;
-    Ok(raw)
+    Ok((raw, overridden))
 }
 
 /// A TOML syntax error without the line it quotes: that line may hold a secret written in the
@@ -1208,6 +1243,20 @@ fn resolve(
     let s = &raw.server;
     let listen = parse_addr("server.listen", &s.listen)?;
     let admin_listen = parse_addr("server.admin_listen", &s.admin_listen)?;
+    // One port cannot be both (serve would fail to bind the second); an address on every
+    // interface overlaps any other of its port.
+    let overlap = listen.ip() == admin_listen.ip()
+        || listen.ip().is_unspecified()
+        || admin_listen.ip().is_unspecified();
+    if listen.port() == admin_listen.port() && listen.port() != 0 && overlap {
+        return Err(err(
+            "server.admin_listen",
+            format!(
+                "{admin_listen} is server.listen's port ({listen}): the admin API needs a port \
+                 of its own (the default is 127.0.0.1:8081)"
+            ),
+        ));
+    }
     let admin_token = admin_token(s, env, base_dir)?;
     let log_format = match s.log_format.as_str() {
         "human" => LogFormat::Human,
@@ -2111,6 +2160,26 @@ tolerance = "30s"
     }
 
     #[test]
+    fn the_admin_api_needs_a_port_of_its_own() {
+        let with_secret = [("STRIPE_WEBHOOK_SECRET", "whsec_x")];
+        for admin in ["127.0.0.1:8080", "0.0.0.0:8080"] {
+            check_err(
+                &format!(
+                    "[server]\nlisten = \"127.0.0.1:8080\"\nadmin_listen = \"{admin}\"\n{EXAMPLE}"
+                ),
+                &with_secret,
+                &format!("server.admin_listen: {admin} is server.listen's port (127.0.0.1:8080)"),
+            );
+        }
+        // Another address on the same port is another socket.
+        let e = env(&[TOKEN, with_secret[0]]);
+        let toml = format!(
+            "[server]\nlisten = \"127.0.0.2:8080\"\nadmin_listen = \"127.0.0.1:8080\"\n{EXAMPLE}"
+        );
+        load_str(&toml, &e).expect("two sockets");
+    }
+
+    #[test]
     fn a_tolerance_is_refused_where_no_timestamp_is_signed() {
         check_err(
             "[[sources]]\nname = \"gh\"\nprovider = \"github\"\nsecrets = [\"s\"]\ntolerance = \"10m\"\n",
@@ -2537,6 +2606,44 @@ tolerance = "30s"
             "HOOKLATCH_SOURCES__STRIPE__PROVIDER: sources[0].provider: invalid type: a value of \
              type integer, expected a string"
         );
+        // A value of the right type that does not do is the variable's fault too.
+        for (var, value, expect) in [
+            (
+                "HOOKLATCH_SERVER__BODY_LIMIT",
+                "abc",
+                "HOOKLATCH_SERVER__BODY_LIMIT: server.body_limit: ",
+            ),
+            (
+                "HOOKLATCH_SOURCES__STRIPE__TOLERANCE",
+                "soon",
+                "HOOKLATCH_SOURCES__STRIPE__TOLERANCE: sources[0].tolerance: ",
+            ),
+            (
+                "HOOKLATCH_SOURCES__STRIPE__DESTINATIONS",
+                "[\"nowhere\"]",
+                "HOOKLATCH_SOURCES__STRIPE__DESTINATIONS: sources[0].destinations[0]: ",
+            ),
+        ] {
+            let msg = load_str(
+                EXAMPLE,
+                &env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x"), (var, value)]),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(msg.starts_with(expect), "{msg}");
+        }
+        // A mistake the file made is not blamed on a variable that set something else.
+        let msg = load_str(
+            &EXAMPLE.replace("[\"app\"]", "[\"ap\"]"),
+            &env(&[
+                TOKEN,
+                ("STRIPE_WEBHOOK_SECRET", "whsec_x"),
+                ("HOOKLATCH_SOURCES__STRIPE__TOLERANCE", "1m"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(msg.starts_with("sources[0].destinations[0]: "), "{msg}");
         let msg = load_str(
             EXAMPLE,
             &env(&[TOKEN, ("HOOKLATCH_DELIVERY__MAX_ATTEMPS", "3")]),

@@ -79,6 +79,15 @@ impl PgOptions {
                 "not a postgres URL: it must start with postgres:// or postgresql://".into(),
             );
         }
+        // Nothing after a `#` reaches the driver: a password holding one (unencoded) would cut
+        // the URL there, and the host dialled would be a piece of the password.
+        if url.contains('#') {
+            return Err(
+                "the URL holds a '#', which ends a URL: percent-encode it as %23 (in a \
+                 password, say; '@' is %40, ':' is %3A, '/' is %2F)"
+                    .into(),
+            );
+        }
         let (base, query) = match url.split_once('?') {
             Some((base, query)) => (base, query),
             None => (url, ""),
@@ -127,7 +136,8 @@ impl PgOptions {
                 // TLS as the driver's default.
                 unknown => {
                     return Err(format!(
-                        "unknown URL parameter {unknown:?}: hooklatch takes {} and the driver {}",
+                        "unknown URL parameter {unknown:?}: hooklatch takes {} and the driver {}, \
+                         options[NAME]",
                         OWN_PARAMETERS.join(", "),
                         DRIVER_PARAMETERS.join(", ")
                     ))
@@ -139,7 +149,8 @@ impl PgOptions {
         }
         if opts.writers as u64 >= u64::from(opts.pool_size) {
             return Err(format!(
-                "writers ({}) must be fewer than pool_size ({}): reads and leases need connections too",
+                "writers ({}) must be fewer than pool_size ({}): reads and leases need connections \
+                 too; raise pool_size or lower writers (both URL parameters)",
                 opts.writers, opts.pool_size
             ));
         }
@@ -158,8 +169,15 @@ impl PgOptions {
     /// role default of `SERIALIZABLE` would turn concurrent leases into errors); and
     /// `application_name=hooklatch` unless the URL names one.
     pub(crate) fn connect_options(&self) -> Result<PgConnectOptions, String> {
-        let parsed = PgConnectOptions::from_str(&self.url)
-            .map_err(|e| format!("invalid postgres URL: {e}"))?;
+        // sqlx wraps its configuration errors, each layer starting "error with configuration: ".
+        let parsed = PgConnectOptions::from_str(&self.url).map_err(|e| {
+            let e = e.to_string();
+            let mut reason = e.as_str();
+            while let Some(inner) = reason.strip_prefix("error with configuration: ") {
+                reason = inner;
+            }
+            format!("invalid postgres URL: {reason}")
+        })?;
         let named = parsed.get_application_name().is_some();
         let mut res = parsed.options([
             (
@@ -343,8 +361,16 @@ mod tests {
         );
         check(
             "postgres://u:hunter2@h/db?pool_size=4&writers=4",
-            "error: writers (4) must be fewer than pool_size (4): reads and leases need connections too",
+            "error: writers (4) must be fewer than pool_size (4): reads and leases need connections too; raise pool_size or lower writers (both URL parameters)",
         );
+        check(
+            "postgres://h/db?sslmode=bogus",
+            "error: invalid postgres URL: unknown value \"bogus\" for `ssl_mode`",
+        );
+        // A '#' in a password: the driver would dial "ss" (the rest a fragment).
+        let err = PgOptions::from_url("postgres://u:p@ss#Secret2@127.0.0.1:5432/db").unwrap_err();
+        assert!(err.starts_with("the URL holds a '#'"), "{err}");
+        assert!(!err.contains("Secret2"), "{err}");
         let err = PgOptions::from_url("postgres://u:hunter2@h:notaport/db").unwrap_err();
         assert!(!err.contains("hunter2"), "{err}");
     }
