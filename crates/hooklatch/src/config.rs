@@ -1026,12 +1026,16 @@ fn read<T>(
     })
 }
 
+/// The keys environment variables set (`store.url`, `sources[0].tolerance`), each with its
+/// variable's name.
+type Overridden<'e> = Vec<(String, &'e str)>;
+
 /// The layers merged (the defaults, the file, the environment) and read into their types, with
 /// the keys each environment variable set; no value resolved yet, no secret read.
 fn raw<'e>(
     file: Option<&Path>,
     env: &'e HashMap<String, String>,
-) -> Result<(RawConfig, Vec<(String, &'e str)>), ConfigError> {
+) -> Result<(RawConfig, Overridden<'e>), ConfigError> {
     let mut doc: Value = toml::from_str(DEFAULT_CONFIG)
         .map_err(|e| ConfigError(format!("built-in defaults: {e}")))?;
     if let Some(path) = file {
