@@ -121,7 +121,7 @@ Examples:
 
   # Against a gateway on this machine started with examples/listen.toml:
   HOOKLATCH_LISTEN_TOKEN=dev-listen-token-0123456789 hooklatch listen laptop \\
-    --gateway http://127.0.0.1:8080 --forward-to http://127.0.0.1:3000/webhooks
+    --gateway http://127.0.0.1:8080 --forward-to http://127.0.0.1:3000/webhooks/stripe
 
 Each line printed is one delivery: the local status (or ERR and why), its dlv_ id and attempt,
 its Idempotency-Key, its event type and how long the local URL took. Deliveries keep their
@@ -147,8 +147,9 @@ Examples:
   hooklatch replay prod.json --provider stripe --secret env:STRIPE_WEBHOOK_SECRET \\
       --to http://127.0.0.1:3000/webhooks/stripe
 
-  # The bytes exactly as captured (an old Stripe capture is then refused as stale):
-  hooklatch replay prod.json --original --via-gateway --gateway http://127.0.0.1:8080
+  # Request req_42's bytes exactly as captured, its signature too (an old Stripe event is
+  # then refused as stale; an export file keeps signatures only with --keep-signatures):
+  hooklatch replay req_42 --config hooklatch.toml --original --via-gateway
 
 Ids are looked up on the admin API (--admin, default http://127.0.0.1:8081, or the config's
 server.admin_listen) with --token / HOOKLATCH_ADMIN_TOKEN. Exit status: 0 when every response

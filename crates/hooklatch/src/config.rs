@@ -2163,6 +2163,32 @@ tolerance = "30s"
         assert_eq!(s.sources[6].tolerance, Duration::from_secs(30));
     }
 
+    /// The configurations in `examples/` load as the README and their comments start them.
+    #[test]
+    fn every_example_config_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+        let e = env(&[
+            ("HOOKLATCH_ADMIN_TOKEN", "dev-admin-token-0123456789"),
+            ("HOOKLATCH_LISTEN_TOKEN", "dev-listen-token-0123456789"),
+        ]);
+        let mut loaded = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|x| x == "toml") {
+                load(Some(&path), &e).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+                loaded += 1;
+            }
+        }
+        assert!(loaded >= 3, "{loaded} example configs");
+        // The quick start's Stripe events go where the example handler listens.
+        let quick = load(Some(&dir.join("hooklatch.toml")), &e).unwrap();
+        let app = quick.destinations.iter().find(|d| d.name == "app").unwrap();
+        let DestinationKind::Http { url, .. } = &app.kind else {
+            panic!("an HTTP destination");
+        };
+        assert_eq!(url.path(), "/webhooks/stripe");
+    }
+
     #[test]
     fn the_admin_api_needs_a_port_of_its_own() {
         let with_secret = [("STRIPE_WEBHOOK_SECRET", "whsec_x")];

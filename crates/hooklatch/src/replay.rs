@@ -134,13 +134,14 @@ pub enum Signing {
 }
 
 impl Signing {
-    /// A short description for reports: `re-signed (stripe, as sent)` or `original signature`.
+    /// A short description for reports: `re-signed (stripe, as sent)` or `original headers`
+    /// (whatever signature they hold, if any).
     pub fn describe(&self) -> String {
         match self {
             // "As sent": each request is signed as it goes, with the time then where the
             // provider signs one (GitHub signs none).
             Signing::Resign(s) => format!("re-signed ({}, as sent)", s.provider()),
-            Signing::Original => "original signature".to_owned(),
+            Signing::Original => "original headers".to_owned(),
         }
     }
 }
