@@ -5,6 +5,7 @@
 //! `{{created_rfc3339}}` filled in. Signing uses the provider adapter's own signer, so a test
 //! event is signed exactly as the provider signs it.
 
+use hooklatch_core::provider::standard_webhooks::decode_secret;
 use hooklatch_core::provider::{
     Discord, GitHub, Paddle, Razorpay, Shopify, SignRequest, Slack, StandardWebhooks, Stripe,
     Twilio, WhatsApp,
@@ -144,6 +145,47 @@ pub enum FixtureError {
          backslashes (an id goes as it is into headers and the JSON body)"
     )]
     BadId(String),
+    /// A secret that cannot be the provider's ([`secret_shape`]).
+    #[error("{0}")]
+    BadSecret(String),
+}
+
+/// Checks that `secret` has the shape `provider`'s signing secrets have, where the scheme
+/// fixes one: Discord's private key seed is 64 hex characters, and a Standard Webhooks
+/// `whsec_` secret is base64 after its prefix. A secret of the wrong shape would sign
+/// something no receiver verifies, and the 401 would not say why. The message never quotes
+/// the secret.
+pub fn secret_shape(provider: &str, secret: &Secret) -> Result<(), String> {
+    match provider {
+        "discord" => {
+            let seed = secret
+                .expose_text()
+                .map(str::trim)
+                .filter(|t| t.len() == 64 && t.bytes().all(|b| b.is_ascii_hexdigit()));
+            match seed {
+                Some(_) => Ok(()),
+                None => Err(
+                    "a discord secret is the application's Ed25519 private key seed: \
+                     64 hex characters (the gateway's source holds the matching public_key)"
+                        .to_owned(),
+                ),
+            }
+        }
+        "standard-webhooks" => {
+            let whsec = secret
+                .expose_text()
+                .is_some_and(|t| t.starts_with("whsec_"));
+            if whsec && decode_secret(secret).is_none() {
+                return Err(
+                    "a standard-webhooks secret that starts with whsec_ is base64 \
+                     after it, and this one does not decode"
+                        .to_owned(),
+                );
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The providers and event names there are fixtures for.
@@ -210,6 +252,7 @@ pub fn build(
         FixtureError::UnknownProvider(provider.to_owned(), known.join(", "))
     };
     let adapter = signer(provider, secret).ok_or_else(unknown_provider)?;
+    secret_shape(provider, secret).map_err(FixtureError::BadSecret)?;
     let mut of_provider = FIXTURES.iter().filter(|f| f.provider == provider);
     let fixture = match event_type {
         None => of_provider.next(),
@@ -411,6 +454,43 @@ mod tests {
         }
     }
 
+    /// A secret no receiver could verify is refused before anything is sent, without being
+    /// quoted; one of the right shape but the wrong value is sent (the receiver's 401 is the
+    /// point of trying one).
+    #[test]
+    fn a_secret_of_the_wrong_shape_is_refused_before_sending() {
+        let now = Timestamp::from_secs(1_700_000_000);
+        for (provider, secret) in [
+            ("discord", "not-a-hex-seed"),
+            (
+                "discord",
+                "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f",
+            ),
+            ("standard-webhooks", "whsec_not base64!"),
+        ] {
+            let err = build(provider, None, None, &Secret::from_text(secret), URL, now)
+                .err()
+                .unwrap_or_else(|| panic!("{provider} {secret}"));
+            assert!(matches!(err, FixtureError::BadSecret(_)), "{err:?}");
+            assert!(!err.to_string().contains(secret), "{err}");
+        }
+        for (provider, secret) in [
+            (
+                "discord",
+                "0000000000000000000000000000000000000000000000000000000000000000",
+            ),
+            (
+                "standard-webhooks",
+                "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD",
+            ),
+            ("standard-webhooks", "a plain secret"),
+            ("stripe", "anything"),
+        ] {
+            build(provider, None, None, &Secret::from_text(secret), URL, now)
+                .unwrap_or_else(|e| panic!("{provider}: {e}"));
+        }
+    }
+
     #[test]
     fn a_whatsapp_batch_is_five_events() {
         let secret = Secret::from_text("app-secret");
@@ -478,9 +558,13 @@ mod tests {
     /// event; without an id, each send is a new event.
     #[test]
     fn the_same_id_sent_later_has_the_same_body() {
-        let secret = Secret::from_text("s");
         let at = |secs| Timestamp::from_secs(secs);
         for (provider, name) in catalog() {
+            // Discord's secret is a key seed; any text does for the others.
+            let secret = match provider {
+                "discord" => Secret::from_text(&"ab".repeat(32)),
+                _ => Secret::from_text("s"),
+            };
             let send = |id, now| build(provider, Some(name), id, &secret, URL, now).unwrap();
             let first = send(Some("evt_again"), at(1_800_000_000));
             let again = send(Some("evt_again"), at(1_800_000_090));

@@ -80,6 +80,9 @@ pub enum ReplayError {
     /// The target URL or method is not usable.
     #[error("{0}")]
     BadTarget(String),
+    /// `--secret` cannot be the provider's (`crate::fixtures::secret_shape`).
+    #[error("--secret: {0}")]
+    BadSecret(String),
 }
 
 /// Where replayed requests go.
@@ -157,6 +160,7 @@ impl Signer {
     pub fn for_provider(provider: &str, secret: Secret) -> Result<Signer, ReplayError> {
         let adapter = crate::fixtures::signer(provider, &secret)
             .ok_or_else(|| ReplayError::UnknownProvider(provider.to_owned()))?;
+        crate::fixtures::secret_shape(provider, &secret).map_err(ReplayError::BadSecret)?;
         Ok(Signer {
             adapter: Arc::from(adapter),
             secret,
