@@ -205,7 +205,15 @@ impl CheckReport {
         }
         let failed = self.phases.iter().filter(|p| !p.ok()).count();
         out.push('\n');
-        if failed == 0 {
+        if failed == 0 && self.effect.is_none() {
+            // Every answer was 2xx, which any endpoint that does nothing also manages.
+            let _ = writeln!(
+                out,
+                "PASSED: {} phases, answers only — effects were not counted, so this says \
+                 nothing of duplicates (add --effects-sql or --effects-cmd)",
+                self.phases.len()
+            );
+        } else if failed == 0 {
             let _ = writeln!(out, "PASSED: {} phases", self.phases.len());
         } else {
             let _ = writeln!(
@@ -293,7 +301,8 @@ pub async fn check(
     if let Some(after) = after {
         if after > opts.expect {
             failures.push(format!(
-                "{n} deliveries produced {after} effects: no dedup at all — every delivery does the work; record the event id under a unique constraint in the same transaction as the work, and answer 200 when it is already there"
+                "{} produced {after} effects: no dedup at all — every delivery does the work; record the event id under a unique constraint in the same transaction as the work, and answer 200 when it is already there",
+                deliveries(n)
             ));
         } else if after < opts.expect {
             failures.push(too_few(n, after, opts.expect, &key_a));
@@ -304,7 +313,7 @@ pub async fn check(
     let no_dedup = after.is_some_and(|after| after > opts.expect);
     phases.push(PhaseReport {
         name: "sequential",
-        sent: format!("{n} deliveries of {key_a}, one after another"),
+        sent: format!("{} of {key_a}, one after another", deliveries(n)),
         key: key_a.clone(),
         responses,
         before,
@@ -320,10 +329,14 @@ pub async fn check(
     if let Some(after) = after {
         if after > opts.expect {
             failures.push(if no_dedup {
-                format!("{k} deliveries produced {after} effects: no dedup at all (see phase 1)")
+                format!(
+                    "{} produced {after} effects: no dedup at all (see phase 1)",
+                    deliveries(k)
+                )
             } else {
                 format!(
-                    "{k} deliveries produced {after} effects: the check-then-insert races under concurrency; use a unique constraint (INSERT … ON CONFLICT DO NOTHING) in the same transaction as the work"
+                    "{} produced {after} effects: the check-then-insert races under concurrency; use a unique constraint (INSERT … ON CONFLICT DO NOTHING) in the same transaction as the work",
+                    deliveries(k)
                 )
             });
         } else if after < opts.expect {
@@ -331,9 +344,9 @@ pub async fn check(
         }
     }
     let concurrent_what = if prepared.second_is_fresh {
-        format!("{k} deliveries of a fresh event {key_b}, all at once")
+        format!("{} of a fresh event {key_b}, all at once", deliveries(k))
     } else {
-        format!("{k} deliveries of {key_b} again, all at once")
+        format!("{} of {key_b} again, all at once", deliveries(k))
     };
     phases.push(PhaseReport {
         name: "concurrent",
@@ -579,9 +592,12 @@ fn answer_failures(responses: &[Response], first_is_new: bool) -> Vec<String> {
             .chars()
             .take(160)
             .collect();
+        let answer = match body.is_empty() {
+            true => first.describe(),
+            false => format!("{} {body}", first.describe()),
+        };
         return vec![format!(
-            "the handler refused the event ({} {body}): check --to and the signing secret",
-            first.describe()
+            "the handler refused the event ({answer}): check --to and the signing secret"
         )];
     }
     let mut by_answer: BTreeMap<String, u32> = BTreeMap::new();
@@ -599,8 +615,14 @@ fn answer_failures(responses: &[Response], first_is_new: bool) -> Vec<String> {
 
 fn too_few(n: u32, after: i64, expect: i64, key: &str) -> String {
     format!(
-        "{n} deliveries produced {after} effects, expected {expect}: the work did not happen, or the effect query does not see it (check --effects-sql and that :key = {key:?} is what the handler stores; --settle for a handler that works in the background)"
+        "{} produced {after} effects, expected {expect}: the work did not happen, or the effect query does not see it (check --effects-sql and that :key = {key:?} is what the handler stores; --settle for a handler that works in the background)",
+        deliveries(n)
     )
+}
+
+/// `1 delivery`, `10 deliveries`.
+fn deliveries(n: u32) -> String {
+    crate::counted(u64::from(n), "delivery", "deliveries")
 }
 
 fn answers_line(responses: &[Response]) -> String {
@@ -748,6 +770,66 @@ mod tests {
             String::from_utf8(conflicting_body(body.as_bytes())).unwrap(),
             expect
         );
+    }
+
+    fn answered(n: u32, status: u16, body: &str) -> Response {
+        Response {
+            n,
+            status: Some(status),
+            error: None,
+            latency: Duration::from_millis(1),
+            answer: None,
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    /// A refusal names the status, and the body only when there is one.
+    #[test]
+    fn a_refused_event_is_named_by_its_answer() {
+        let failures = answer_failures(&[answered(1, 404, "")], true);
+        assert_eq!(
+            failures,
+            ["the handler refused the event (404): check --to and the signing secret"]
+        );
+        let failures = answer_failures(&[answered(1, 401, " {\"code\":\"nope\"}\n")], true);
+        assert_eq!(
+            failures,
+            ["the handler refused the event (401 {\"code\":\"nope\"}): check --to and the signing secret"]
+        );
+    }
+
+    /// With no effect counted, a pass is said to be of the answers only: an endpoint that
+    /// does nothing answers 2xx too.
+    #[test]
+    fn a_pass_without_counted_effects_says_it_checked_answers_only() {
+        let phase = PhaseReport {
+            name: "sequential",
+            sent: format!("{} of evt_1, one after another", deliveries(1)),
+            key: "evt_1".to_owned(),
+            responses: vec![answered(1, 200, "ok")],
+            before: None,
+            after: None,
+            expected: None,
+            failures: Vec::new(),
+        };
+        let mut report = CheckReport {
+            to: "http://127.0.0.1:3000/webhooks/stripe".to_owned(),
+            event: "stripe invoice.paid".to_owned(),
+            signing: "re-signed (stripe, as sent)".to_owned(),
+            effect: None,
+            expect: 1,
+            notes: Vec::new(),
+            phases: vec![phase],
+        };
+        let text = report.render();
+        assert!(text.contains("1 delivery of evt_1"), "{text}");
+        assert!(
+            text.contains("PASSED: 1 phases, answers only — effects were not counted"),
+            "{text}"
+        );
+        report.effect = Some("sql".to_owned());
+        let text = report.render();
+        assert!(text.ends_with("PASSED: 1 phases\n"), "{text}");
     }
 
     #[test]
