@@ -1870,6 +1870,11 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
                 };
                 match runtime.block_on(client.retry_delivery(id)) {
                     Ok(()) => println!("{id}: queued again"),
+                    // "dlv_9 not found on the gateway" names the id already.
+                    Err(err @ hooklatch::admin::AdminError::NotFound(_)) => {
+                        eprintln!("{err}");
+                        failed += 1;
+                    }
                     Err(err) => {
                         eprintln!("{id}: {err}");
                         failed += 1;

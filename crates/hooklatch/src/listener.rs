@@ -228,12 +228,27 @@ async fn listen_once(
         StatusCode::OK => {}
         status @ (StatusCode::UNAUTHORIZED | StatusCode::NOT_FOUND) => {
             let body = res.text().await.unwrap_or_default();
-            let message = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v["message"].as_str().map(str::to_owned))
-                .unwrap_or(body);
+            let json = serde_json::from_str::<serde_json::Value>(&body).ok();
+            let code = json.as_ref().and_then(|v| v["code"].as_str());
+            let message = json
+                .as_ref()
+                .and_then(|v| v["message"].as_str())
+                .unwrap_or(&body);
+            // The gateway says no more than that no listen destination has the name (its
+            // listener is public); what to look at is said here.
+            let hint = match (status, code) {
+                (StatusCode::NOT_FOUND, Some("unknown_destination")) => {
+                    "; a listen destination has listen_token where others have url or amqp \
+                     (examples/listen.toml)"
+                }
+                (StatusCode::NOT_FOUND, _) => {
+                    "; is --gateway the gateway's ingest listener (server.listen), not its \
+                     admin API?"
+                }
+                _ => "",
+            };
             return Ended::Refused(format!(
-                "the gateway refused the listener ({status}): {message}"
+                "the gateway refused the listener ({status}): {message}{hint}"
             ));
         }
         status => return dropped(format!("the gateway answered {status}"), false),

@@ -33,6 +33,10 @@ async fn admin_verbs_pointed_at_the_ingest_listener_fail_and_say_so() {
     let (code, stderr) = run(&["dlq", "list"], &gw.admin_url());
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stderr.contains("0 dead-lettered deliveries"), "{stderr}");
+    // A delivery that is not there is named once.
+    let (code, stderr) = run(&["dlq", "retry", "dlv_999"], &gw.admin_url());
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end(), "dlv_999 not found on the gateway");
 }
 
 /// Runs `hooklatch ARGS --admin ADMIN` with the admin token: its exit status and standard

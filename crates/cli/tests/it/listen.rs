@@ -377,6 +377,24 @@ async fn listen_refusals_have_a_status_and_a_code() {
     assert_eq!(status.0.code(), Some(2), "{}", status.1);
     assert!(status.1.contains("401"), "{}", status.1);
     assert!(!status.1.contains(wrong), "{}", status.1);
+
+    // Pointed at the admin API, it says which listener to point at.
+    let mut listener =
+        Listener::start_at(&gw.admin_url(), &[], LISTEN_TOKEN, "http://127.0.0.1:9/");
+    let status = tokio::task::spawn_blocking(move || {
+        let status = listener.child.wait().expect("waiting for hooklatch listen");
+        (status, listener.output())
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.0.code(), Some(2), "{}", status.1);
+    assert!(
+        status
+            .1
+            .contains("is --gateway the gateway's ingest listener"),
+        "{}",
+        status.1
+    );
 }
 
 /// Two gateways on one PostgreSQL database, the listener connected to one of them: events
