@@ -64,7 +64,10 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(value)| ApiQuery(value))
-            .map_err(|rejection| ApiError::bad_parameter(rejection.body_text()))
+            .map_err(|rejection| {
+                let text = rejection.body_text();
+                ApiError::bad_parameter(format!("the query string: {}", reason(&text)))
+            })
     }
 }
 
@@ -90,7 +93,16 @@ fn json_error(rejection: JsonRejection) -> ApiError {
             "unsupported_media_type",
             "the body must be JSON, sent with Content-Type: application/json",
         ),
-        other => invalid_body(other.body_text()),
+        other => invalid_body(format!("the body: {}", reason(&other.body_text()))),
+    }
+}
+
+/// What an axum rejection says after its "Failed to …: " lead (`limit: invalid digit found in
+/// string`), for messages in the words the rest of the API's errors use.
+fn reason(text: &str) -> &str {
+    match text.split_once(": ") {
+        Some((lead, rest)) if lead.starts_with("Failed to") => rest,
+        _ => text,
     }
 }
 

@@ -119,7 +119,17 @@ async fn the_admin_api_matches_its_document_under_generated_requests() {
         assert_eq!(res.status().as_u16(), status, "{method} {path}");
         let answer: Value = res.json().await.expect("a JSON error");
         assert_eq!(answer["code"], code, "{method} {path}: {answer}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(
+            !message.starts_with("Failed to"),
+            "in the API's words: {message}"
+        );
     }
+    let (_, answer) = gw.admin_get("/v1/deliveries?limit=x").await;
+    assert_eq!(
+        answer["message"], "the query string: limit: invalid digit found in string",
+        "{answer}"
+    );
     let (status, _) = gw.admin_get("/v1/deliveries?cursor=").await;
     assert_eq!(status, 200, "an empty cursor is the first page");
 
