@@ -912,8 +912,10 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::Migrate { config } => {
             let store = config::load_store(config.as_deref(), &env)?;
-            client_runtime()?.block_on(hooklatch::migrate(&store))?;
-            println!("the store is up to date");
+            println!(
+                "{}",
+                client_runtime()?.block_on(hooklatch::migrate(&store))?
+            );
             Ok(Outcome::Passed)
         }
         Command::CheckConfig {

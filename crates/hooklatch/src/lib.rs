@@ -144,14 +144,20 @@ pub async fn open_store(
     }
 }
 
-/// Runs the store's migrations and returns (`hooklatch migrate`). Opening the store migrates
-/// too; this is for deployments that migrate before rolling out new instances.
-pub async fn migrate(settings: &config::StoreSettings) -> anyhow::Result<()> {
-    match &settings.backend {
+/// Runs the store's migrations and returns (`hooklatch migrate`) a line saying which store it
+/// was and what was done: created, migrated from one version to another, or up to date.
+/// Opening the store migrates too; this is for deployments that migrate before rolling out new
+/// instances.
+pub async fn migrate(settings: &config::StoreSettings) -> anyhow::Result<String> {
+    let (store, (from, to)) = match &settings.backend {
         #[cfg(feature = "sqlite")]
         config::StoreBackend::Sqlite(opts) => {
-            hooklatch_store_sqlite::SqliteStore::open(opts)
+            let store = hooklatch_store_sqlite::SqliteStore::open(opts)
                 .with_context(|| format!("migrating the store at {}", opts.path.display()))?;
+            (
+                format!("sqlite {}", opts.path.display()),
+                store.schema_versions(),
+            )
         }
         #[cfg(feature = "postgres")]
         config::StoreBackend::Postgres(opts) => {
@@ -159,9 +165,17 @@ pub async fn migrate(settings: &config::StoreSettings) -> anyhow::Result<()> {
                 .await
                 .with_context(|| format!("migrating the store at {}", opts.redacted_url()))?;
             store.migrate().await.context("running migrations")?;
+            (
+                format!("postgres {}", opts.redacted_url()),
+                store.schema_versions(),
+            )
         }
-    }
-    Ok(())
+    };
+    Ok(match from {
+        0 => format!("{store}: created, schema version {to}"),
+        from if from == to => format!("{store}: up to date, schema version {to}"),
+        from => format!("{store}: migrated from schema version {from} to {to}"),
+    })
 }
 
 /// The process-wide Prometheus recorder (installed once; later calls share it).

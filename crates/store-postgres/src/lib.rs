@@ -79,6 +79,8 @@ struct Inner {
     others: OtherListeners,
     /// Unsafe durability settings found at connect (only when they were allowed).
     unsafe_durability: Vec<String>,
+    /// The schema version the database had at connect (0: never used by hooklatch).
+    schema_found: i64,
     /// Never sent on: dropping it (with the last clone of the store) stops the listeners.
     shutdown: watch::Sender<()>,
     /// Set when a write of a new request found the database full (`53100`), cleared by the
@@ -133,7 +135,7 @@ impl PostgresStore {
         } else {
             return Err(StoreError::Unavailable(durability::refusal(&found)));
         }
-        schema::migrate(&mut first).await.map_err(map_migrate_err)?;
+        let schema_found = schema::migrate(&mut first).await.map_err(map_migrate_err)?;
         drop(first);
         first_pool.close().await;
 
@@ -175,6 +177,7 @@ impl PostgresStore {
                 listener_name,
                 others,
                 unsafe_durability: found,
+                schema_found,
                 shutdown,
                 ingest_full: FullFlag::default(),
             }),
@@ -185,7 +188,16 @@ impl PostgresStore {
     /// ran them; running them again finds nothing to do.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut conn = self.inner.pool.acquire().await.map_err(map_err)?;
-        schema::migrate(&mut conn).await.map_err(map_migrate_err)
+        schema::migrate(&mut conn)
+            .await
+            .map(drop)
+            .map_err(map_migrate_err)
+    }
+
+    /// The schema version the database had when this store connected (0: never used by
+    /// hooklatch), and the one it has now, this build's.
+    pub fn schema_versions(&self) -> (i64, i64) {
+        (self.inner.schema_found, schema::VERSION)
     }
 
     /// The unsafe durability settings found at connect (`name=value`), which

@@ -211,7 +211,8 @@ pub(crate) enum MigrateError {
 
 /// Brings the database up to [`VERSION`]; refuses a database written by a newer build. Safe to
 /// run from several instances at once: they queue on the advisory lock.
-pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), MigrateError> {
+/// Returns the version found (0 for a database hooklatch never used).
+pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<i64, MigrateError> {
     let mut tx = conn.begin().await?;
     // Waiting for another instance's migration is expected: not bounded by the wait limit.
     simple(&mut tx, "SET LOCAL lock_timeout = 0").await?;
@@ -245,5 +246,5 @@ pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<(), MigrateError>
         tracing::info!(version, "postgres: schema migrated");
     }
     tx.commit().await?;
-    Ok(())
+    Ok(current)
 }

@@ -111,6 +111,8 @@ pub struct SqliteStore {
     /// Held by a serving gateway's store ([`SqliteStore::open_serving`]) for as long as any
     /// clone of it lives.
     _serving: Option<Arc<serving::ServingLock>>,
+    /// The schema version the file had when it was opened (0: a new file).
+    schema_found: i64,
 }
 
 /// The file's size cap, and the lower one new requests stop at: the pages between them are
@@ -190,7 +192,7 @@ impl SqliteStore {
         let conn = open_connection(&opts.path, false)?;
         let cap = opts.max_page_count.map(PageCap::new);
         set_room(&conn, cap, Room::All).map_err(map_err)?;
-        schema::migrate(&conn).map_err(map_err)?;
+        let schema_found = schema::migrate(&conn).map_err(map_err)?;
         checkpoint::configure_writer(&conn).map_err(map_err)?;
         let released = match lock {
             Some(_) => outbox::release_every_lease(&conn, Timestamp::now()).map_err(map_err)?,
@@ -212,8 +214,15 @@ impl SqliteStore {
             cap,
             ingest_full: Arc::new(FullFlag::default()),
             _serving: lock.map(Arc::new),
+            schema_found,
         };
         Ok((store, released))
+    }
+
+    /// The schema version the file had when this store opened it (0: a new file), and the one
+    /// it has now, this build's.
+    pub fn schema_versions(&self) -> (i64, i64) {
+        (self.schema_found, schema::VERSION)
     }
 
     /// Runs `f` in the writer's next group commit, under the page limit of `room`.

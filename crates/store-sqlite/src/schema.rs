@@ -161,7 +161,8 @@ ALTER TABLE deliveries ADD COLUMN attempt_token INTEGER;
 pub const VERSION: i64 = MIGRATIONS.len() as i64;
 
 /// Brings the database up to [`VERSION`]; refuses a database written by a newer build.
-pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
+/// Returns the version found (0 for a new file).
+pub fn migrate(conn: &Connection) -> rusqlite::Result<i64> {
     let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
     if current > VERSION {
         return Err(rusqlite::Error::InvalidParameterName(format!(
@@ -169,7 +170,7 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         )));
     }
     if current == VERSION {
-        return Ok(());
+        return Ok(current);
     }
     conn.execute_batch("BEGIN IMMEDIATE")?;
     let res = (|| {
@@ -180,7 +181,7 @@ pub fn migrate(conn: &Connection) -> rusqlite::Result<()> {
         Ok(())
     })();
     match res {
-        Ok(()) => conn.execute_batch("COMMIT"),
+        Ok(()) => conn.execute_batch("COMMIT").map(|()| current),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(e)

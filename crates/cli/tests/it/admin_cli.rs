@@ -93,6 +93,19 @@ secrets = ["env:HOOKLATCH_TEST_UNSET_STRIPE_SECRET"]
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(db.exists(), "migrate made the store");
+    // It says which store and what it did: made it, then found it up to date.
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let made = format!("sqlite {}: created, schema version ", db.display());
+    assert!(said.starts_with(&made), "{said}");
+    let version = said[made.len()..].trim().to_owned();
+    let out = hooklatch(&["migrate", "--config", config]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!(
+            "sqlite {}: up to date, schema version {version}",
+            db.display()
+        )
+    );
     let out = hooklatch(&["dlq", "list", "--config", config, "--token", ADMIN_TOKEN]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");

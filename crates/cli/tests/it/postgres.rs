@@ -433,6 +433,45 @@ async fn an_ingest_only_instance_queues_and_another_instance_delivers() {
     db.drop_now().await;
 }
 
+/// `hooklatch migrate` on PostgreSQL says which database and what it did: it creates the
+/// schema in a database hooklatch never used, then finds it up to date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_on_postgres_creates_then_finds_the_schema_up_to_date() {
+    let Some(db) = Database::create(&unique("hooklatch_e2e")).await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hooklatch.toml");
+    std::fs::write(&config, format!("[store]\nurl = \"{}\"\n", db.url())).unwrap();
+    let migrate = || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args(["migrate", "--config", config.to_str().unwrap()])
+            .output()
+            .expect("running hooklatch migrate");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let first = migrate();
+    assert!(first.starts_with("postgres postgres://"), "{first}");
+    assert!(first.contains(db.name()), "{first}");
+    let (_, version) = first
+        .trim()
+        .split_once(": created, schema version ")
+        .unwrap_or_else(|| panic!("{first}"));
+    let again = migrate();
+    assert!(
+        again
+            .trim()
+            .ends_with(&format!(": up to date, schema version {version}")),
+        "{again}"
+    );
+    db.drop_now().await;
+}
+
 /// A rolling deploy that adds a destination: an instance still on the old configuration
 /// leases a delivery to it and puts it back, uncounted, instead of dead-lettering it; an
 /// instance that has the destination delivers it, once.
