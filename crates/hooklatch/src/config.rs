@@ -1760,6 +1760,8 @@ fn key_settings(
             format!("{shown}: expected \"\" (keys in the store) or a redis:// or rediss:// URL"),
         ));
     }
+    hooklatch_keys_redis::check_database(url)
+        .map_err(|why| err("store.keys", format!("{shown}: {why}")))?;
     if secure && url.contains('#') {
         return Err(err(
             "store.keys",
@@ -2841,6 +2843,10 @@ tolerance = "30s"
             (
                 "memcached://:pa55word@cache",
                 "expected \"\" (keys in the store) or a redis:// or rediss:// URL",
+            ),
+            (
+                "redis://:pa55word@cache:6379/keys",
+                "redis://cache:6379: the URL's path is the database's number",
             ),
         ] {
             let toml = EXAMPLE.replace("[store]\n", &format!("[store]\nkeys = \"{url}\"\n"));

@@ -98,10 +98,38 @@ fn scripts() -> &'static Scripts {
 
 /// A short description of a Redis URL for messages: scheme, host and port, never a password.
 pub fn describe_url(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("?", url));
+    let Some((scheme, rest)) = url.split_once("://") else {
+        // No scheme: what was written, up to anything that could hold a password.
+        let host = url.rsplit_once('@').map_or(url, |(_, host)| host);
+        return host.split(['/', '?']).next().unwrap_or_default().to_owned();
+    };
     let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let host = host.split(['/', '?']).next().unwrap_or_default();
-    format!("{scheme}://{host}")
+    let mut parts = host.split('?').next().unwrap_or_default().splitn(2, '/');
+    let host = parts.next().unwrap_or_default();
+    // The database number says which of the server's databases holds the keys.
+    match parts
+        .next()
+        .filter(|db| !db.is_empty() && db.bytes().all(|b| b.is_ascii_digit()))
+    {
+        Some(db) => format!("{scheme}://{host}/{db}"),
+        None => format!("{scheme}://{host}"),
+    }
+}
+
+/// Checks the path of a `redis://` URL: nothing, or the number of the server's database that
+/// holds the keys (`/5`). The client would refuse anything else only as "invalid client
+/// config".
+pub fn check_database(url: &str) -> Result<(), String> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let host_end = rest.rfind('@').map_or(0, |at| at + 1);
+    match rest[host_end..].split_once('/') {
+        Some((_, db)) if !db.is_empty() && !db.bytes().all(|b| b.is_ascii_digit()) => Err(
+            "the URL's path is the database's number (redis://host:6379/5), and this one is not a number"
+                .to_owned(),
+        ),
+        _ => Ok(()),
+    }
 }
 
 impl RedisKeys {
@@ -134,6 +162,7 @@ impl RedisKeys {
                 "{shown}: TLS files are for rediss:// URLs; this one sends everything in plain text"
             )));
         }
+        check_database(url).map_err(|why| KeyStoreError(format!("{shown}: {why}")))?;
         let invalid = |err: redis::RedisError| {
             KeyStoreError(format!("{shown}: invalid URL ({:?})", err.kind()))
         };
@@ -403,10 +432,28 @@ mod tests {
     fn urls_are_described_without_their_password() {
         assert_eq!(
             describe_url("redis://user:s3cret@127.0.0.1:6379/2"),
-            "redis://127.0.0.1:6379"
+            "redis://127.0.0.1:6379/2"
         );
         assert_eq!(describe_url("redis://:p@ss@host:1?x=1"), "redis://host:1");
-        assert_eq!(describe_url("nonsense"), "?://nonsense");
+        assert_eq!(describe_url("rediss://h:1/abc"), "rediss://h:1");
+        assert_eq!(describe_url("nonsense"), "nonsense");
+        assert_eq!(describe_url("u:pw@127.0.0.1:6379/5"), "127.0.0.1:6379");
+    }
+
+    #[test]
+    fn the_path_is_a_database_number_or_nothing() {
+        for good in [
+            "redis://127.0.0.1:6379",
+            "redis://127.0.0.1:6379/",
+            "redis://127.0.0.1:6379/5",
+            "rediss://u:p/w@h:1/12?protocol=resp3",
+        ] {
+            assert_eq!(check_database(good), Ok(()), "{good}");
+        }
+        for bad in ["redis://127.0.0.1:6379/abc", "redis://u:pw@h/0x"] {
+            let err = check_database(bad).unwrap_err();
+            assert!(err.contains("database's number"), "{err}");
+        }
     }
 
     #[test]
