@@ -13,7 +13,7 @@ use hooklatch::admin::{AdminClient, HistoryFilter, DEFAULT_ADMIN_URL};
 use hooklatch::check::{CheckInput, CheckOptions};
 use hooklatch::config::{self, AdminSettings, LogFormat, Settings};
 use hooklatch::effect::EffectProbe;
-use hooklatch::replay::{ReplayOptions, SignMode, Signer, Target};
+use hooklatch::replay::{ReplayOptions, SignMode, Signer, Signing, Target};
 use hooklatch_core::Timestamp;
 use tokio_util::sync::CancellationToken;
 
@@ -176,6 +176,12 @@ Examples:
     --to http://127.0.0.1:3000/webhooks/stripe \\
     --effects-cmd \\
     'psql -tA -c \"SELECT count(*) FROM credits WHERE event_id = '\\''$HOOKLATCH_KEY'\\''\" app'
+
+  # A handler behind hooklatch that verifies the gateway's signature: send as it delivers,
+  # signed with the destination's secret:
+  hooklatch check --provider stripe --secret whsec_local_development_only \
+    --destination-secret env:APP_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe \
+    --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db sqlite://app.db
 
 :key is a bind parameter (the event's key, as text), never pasted into the SQL. Exit status: 0
 when every phase passed, 1 when one failed, 2 when the check could not run.")]
@@ -547,6 +553,12 @@ struct SigningArgs {
     /// The signing secret: a literal, env:NAME or file:PATH (Discord: the private key seed).
     #[arg(long, requires = "provider")]
     secret: Option<String>,
+    /// Send each request as the gateway delivers it to a destination with this secret
+    /// (Idempotency-Key, hooklatch-* headers, a Standard Webhooks signature), to a handler
+    /// behind hooklatch that verifies the gateway's signature (--to). A literal, env:NAME or
+    /// file:PATH.
+    #[arg(long, value_name = "SECRET", conflicts_with_all = ["original", "resign", "provider"])]
+    destination_secret: Option<String>,
     /// Re-sign requests the gateway rejected when they came, too. Without it such a capture is
     /// refused rather than re-signed: its body was never verified, and a fresh signature would
     /// vouch for it. For a genuine event refused while the source's secret was wrong.
@@ -617,6 +629,11 @@ struct CheckArgs {
     /// The signing secret: a literal, env:NAME or file:PATH.
     #[arg(long)]
     secret: Option<String>,
+    /// Send every request as the gateway delivers it to a destination with this secret
+    /// (Idempotency-Key, hooklatch-* headers, a Standard Webhooks signature): for a handler
+    /// behind hooklatch that verifies the gateway's signature. A literal, env:NAME or file:PATH.
+    #[arg(long, value_name = "SECRET")]
+    destination_secret: Option<String>,
     /// The handler's URL.
     #[arg(long, value_name = "URL")]
     to: String,
@@ -912,6 +929,8 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         }
         Command::Migrate { config } => {
             let store = config::load_store(config.as_deref(), &env)?;
+            // The migrations' steps, and a wait for a database still starting, on stderr.
+            init_tracing(LogFormat::Human);
             println!(
                 "{}",
                 client_runtime()?.block_on(hooklatch::migrate(&store))?
@@ -927,6 +946,9 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 return Ok(Outcome::Passed);
             }
             let settings = config::load(config.as_deref(), &env)?;
+            for warning in settings.warnings() {
+                eprintln!("warning: {warning}");
+            }
             println!(
                 "configuration is valid: {}, {}",
                 hooklatch::counted(settings.sources.len() as u64, "source", "sources"),
@@ -935,6 +957,10 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     "destination",
                     "destinations"
                 )
+            );
+            println!(
+                "(the file and the environment only: the store, brokers and destinations were \
+                 not contacted)"
             );
             Ok(Outcome::Passed)
         }
@@ -1268,6 +1294,7 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         settings.as_ref().map(AdminSettings::from).as_ref(),
     );
     let given = signer_arg(&args.signing, env)?;
+    let as_delivered = destination_secret(args.signing.destination_secret.as_deref(), env)?;
     let mode = match (args.signing.resign, args.signing.original) {
         (true, _) => SignMode::Resign,
         (_, true) => SignMode::Original,
@@ -1289,15 +1316,34 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         }
         let mut reports = Vec::new();
         for capture in &captures {
-            let signer =
-                hooklatch::replay::signer_for(capture, given.as_ref(), settings.as_ref(), &target)?;
-            let (signing, note) = hooklatch::replay::choose_signing(
-                mode,
-                signer,
-                capture,
-                args.signing.resign_rejected,
-                Timestamp::now(),
-            )?;
+            let (signing, note) = match &as_delivered {
+                // The gateway never delivers what it rejected: nor is it made to look so.
+                Some(_) if capture.was_refused() && !args.signing.resign_rejected => {
+                    return Err(hooklatch::replay::ReplayError::Rejected(capture.label()).into())
+                }
+                Some(secret) => (
+                    Signing::AsDelivered(secret.clone()),
+                    format!(
+                        "{}: sending as the gateway delivers it (--destination-secret)",
+                        capture.label()
+                    ),
+                ),
+                None => {
+                    let signer = hooklatch::replay::signer_for(
+                        capture,
+                        given.as_ref(),
+                        settings.as_ref(),
+                        &target,
+                    )?;
+                    hooklatch::replay::choose_signing(
+                        mode,
+                        signer,
+                        capture,
+                        args.signing.resign_rejected,
+                        Timestamp::now(),
+                    )?
+                }
+            };
             if !args.json {
                 eprintln!("{note}");
             }
@@ -1342,6 +1388,18 @@ fn signer_arg(args: &SigningArgs, env: &HashMap<String, String>) -> anyhow::Resu
 
 /// Keeps the capture of request `id` alone, when one is named (`--request`); an error if
 /// `from` holds none.
+/// `--destination-secret`, read and checked as a destination's `secret` is.
+fn destination_secret(
+    arg: Option<&str>,
+    env: &HashMap<String, String>,
+) -> anyhow::Result<Option<hooklatch::core::Secret>> {
+    let Some(arg) = arg else { return Ok(None) };
+    let secret = config::read_secret("--destination-secret", arg, env, None)?;
+    hooklatch::fixtures::secret_shape("standard-webhooks", &secret)
+        .map_err(|why| anyhow::anyhow!("--destination-secret: {why}"))?;
+    Ok(Some(secret))
+}
+
 fn only_request(
     captures: &mut Vec<hooklatch::capture::Capture>,
     id: Option<&str>,
@@ -1381,6 +1439,7 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         settle: args.settle,
         effect,
         timeout: args.timeout,
+        as_delivered: destination_secret(args.destination_secret.as_deref(), env)?,
     };
     let total = u64::from(args.times + args.concurrency + 1 + u32::from(args.conflict));
     client_runtime()?.block_on(async {

@@ -589,6 +589,62 @@ async fn naive_fails_and_guarded_passes(db: &str) {
     assert_eq!(report["phases"][1]["statuses"]["200"], 10);
 }
 
+/// A handler behind hooklatch that verifies the gateway's signature (`VerifiedDelivery`):
+/// `check --destination-secret` sends as the gateway delivers, and it passes; without it
+/// every request is refused, and `check` says so.
+#[tokio::test(flavor = "multi_thread")]
+async fn check_sends_as_the_gateway_delivers_to_a_handler_that_verifies_it() {
+    const DESTINATION_SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("app.db").display());
+    let service =
+        CreditService::start_with(&db, "guarded", 0, &["--secret", DESTINATION_SECRET]).await;
+    let out = check(
+        &service,
+        &db,
+        &[
+            "--destination-secret",
+            DESTINATION_SECRET,
+            "--conflict",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let report = json_of(&out);
+    assert_eq!(report["ok"], true, "{report:#}");
+    assert!(
+        report["signing"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("as the gateway delivers")),
+        "{report:#}"
+    );
+    for phase in report["phases"].as_array().unwrap() {
+        assert_eq!(phase["after"], 1, "{phase:#}");
+    }
+
+    // Signed as the provider signs, the handler refuses every request.
+    let out = check(&service, &db, &["--json"]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", show(&out));
+    let failure = json_of(&out)["phases"][0]["failures"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        failure.starts_with("the handler refused the event (401"),
+        "{failure}"
+    );
+
+    // A destination secret that cannot be one is refused before anything is sent.
+    let out = check(
+        &service,
+        &db,
+        &["--destination-secret", "whsec_not base64!"],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(2), "{}", show(&out));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn check_fails_on_the_naive_handler_and_passes_on_the_guarded_one_sqlite() {
     let dir = tempfile::tempdir().unwrap();

@@ -109,6 +109,9 @@ pub struct CheckOptions {
     pub effect: Option<EffectProbe>,
     /// Time allowed for one request.
     pub timeout: Duration,
+    /// Send every request as the gateway delivers to a destination with this secret
+    /// ([`Signing::AsDelivered`]): for a handler behind hooklatch that verifies its signature.
+    pub as_delivered: Option<hooklatch_core::Secret>,
 }
 
 /// One phase's outcome.
@@ -263,9 +266,10 @@ pub async fn check(
 ) -> Result<CheckReport, CheckError> {
     let mut notes = Vec::new();
     let prepared = prepare(input, &opts.to, &mut notes)?;
-    let signing = match &prepared.signer {
-        Some(s) => Signing::Resign(s.clone()),
-        None => {
+    let signing = match (&opts.as_delivered, &prepared.signer) {
+        (Some(secret), _) => Signing::AsDelivered(secret.clone()),
+        (None, Some(s)) => Signing::Resign(s.clone()),
+        (None, None) => {
             notes.push(
                 "no signing secret: requests carry the captured signature, which a verifying handler refuses once it is stale".to_owned(),
             );

@@ -1528,6 +1528,50 @@ impl Settings {
             StoreBackend::Postgres(_) => cpus,
         }
     }
+
+    /// What loads but will not work as it was most likely meant: `serve` logs each at start,
+    /// and `check-config` prints them.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        if self.sources.is_empty() {
+            warnings.push(
+                "no [[sources]] configured: every request to /in/... will get 404".to_owned(),
+            );
+        }
+        for s in self.sources.iter().filter(|s| s.destinations.is_empty()) {
+            warnings.push(format!(
+                "source {:?} has no destinations: its events are verified, claimed and kept in \
+                 history, and delivered nowhere; a provider's retries of them are duplicates, \
+                 also after a destination is added (redeliver them from history)",
+                s.name.as_str()
+            ));
+        }
+        // `localhost` is loopback (RFC 6761): without loopback allowed, the name resolves
+        // only to blocked addresses and every attempt fails. (A name is checked when it is
+        // resolved, at delivery; this one's answer is known now.)
+        let loopback = [
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST),
+        ];
+        for d in &self.destinations {
+            let DestinationKind::Http { url, allow, .. } = &d.kind else {
+                continue;
+            };
+            let local = url.host_str().is_some_and(|h| {
+                let h = h.trim_end_matches('.').to_ascii_lowercase();
+                h == "localhost" || h.ends_with(".localhost")
+            });
+            if local && loopback.iter().all(|ip| allow.check(*ip).is_err()) {
+                warnings.push(format!(
+                    "destination {:?} is on localhost, which is loopback, and its allow list \
+                     holds no loopback address: every attempt will fail; add \
+                     allow = [\"127.0.0.1\", \"::1\"]",
+                    d.name
+                ));
+            }
+        }
+        warnings
+    }
 }
 
 /// Settings that belong to one provider only, and which one.
@@ -2189,6 +2233,52 @@ tolerance = "30s"
             panic!("an HTTP destination");
         };
         assert_eq!(url.path(), "/webhooks/stripe");
+    }
+
+    /// What loads but cannot work as meant is said, not refused: a destination on localhost
+    /// whose allow list holds no loopback address, a source delivering nowhere.
+    #[test]
+    fn warnings_name_what_will_not_work_as_meant() {
+        let e = env(&[TOKEN, ("STRIPE_WEBHOOK_SECRET", "whsec_x")]);
+        let at = |url: &str, allow: &str| {
+            EXAMPLE.replace(
+                "url = \"http://app.internal:3000/webhooks/stripe\"",
+                &format!("url = \"{url}\"\n{allow}"),
+            )
+        };
+        let warnings = |toml: &str| load_str(toml, &e).unwrap().warnings();
+        assert_eq!(warnings(EXAMPLE), Vec::<String>::new());
+        for url in [
+            "http://localhost:3000/hooks",
+            "http://LOCALHOST.:3000/",
+            "http://app.localhost/",
+        ] {
+            let found = warnings(&at(url, ""));
+            assert_eq!(found.len(), 1, "{url}: {found:?}");
+            assert!(
+                found[0].starts_with("destination \"app\" is on localhost"),
+                "{found:?}"
+            );
+        }
+        for allow in [
+            "allow = [\"127.0.0.1\"]",
+            "allow = [\"::1\"]",
+            "allow = [\"127.0.0.0/8\"]",
+        ] {
+            assert_eq!(
+                warnings(&at("http://localhost:3000/", allow)),
+                Vec::<String>::new(),
+                "{allow}"
+            );
+        }
+        let nowhere = EXAMPLE.replace("destinations = [\"app\"]", "destinations = []");
+        let found = warnings(&nowhere);
+        assert!(
+            found
+                .iter()
+                .any(|w| w.starts_with("source \"stripe\" has no destinations")),
+            "{found:?}"
+        );
     }
 
     #[test]

@@ -583,18 +583,8 @@ fn log_effective_config(settings: &Settings) {
             ),
         }
     }
-    if settings.sources.is_empty() {
-        tracing::warn!("no [[sources]] configured: every request to /in/... will get 404");
-    }
-    for s in settings
-        .sources
-        .iter()
-        .filter(|s| s.destinations.is_empty())
-    {
-        tracing::warn!(source = %s.name,
-            "the source has no destinations: its events are verified, claimed and kept in \
-             history, and delivered nowhere; a provider's retries of them are duplicates, \
-             also after a destination is added (redeliver them from history)");
+    for warning in settings.warnings() {
+        tracing::warn!("{warning}");
     }
 }
 

@@ -134,6 +134,11 @@ pub enum Signing {
     Resign(Signer),
     /// The headers as captured.
     Original,
+    /// Each request as the gateway delivers the event to a destination with this `secret`:
+    /// the code the gateway's worker sends with, so `Idempotency-Key`, the `hooklatch-*`
+    /// headers and a Standard Webhooks signature a handler behind hooklatch verifies
+    /// (`hooklatch_guard::VerifiedDelivery`).
+    AsDelivered(Secret),
 }
 
 impl Signing {
@@ -145,6 +150,9 @@ impl Signing {
             // provider signs one (GitHub signs none).
             Signing::Resign(s) => format!("re-signed ({}, as sent)", s.provider()),
             Signing::Original => "original headers".to_owned(),
+            Signing::AsDelivered(_) => {
+                "as the gateway delivers (Standard Webhooks, the destination's secret)".to_owned()
+            }
         }
     }
 }
@@ -540,11 +548,24 @@ pub(crate) async fn send_many(
     on_response: &(dyn Fn(&Response) + Sync),
 ) -> Result<Vec<Response>, ReplayError> {
     let client = http_client(opts.timeout);
-    let method = reqwest::Method::from_bytes(capture.method.as_bytes())
-        .map_err(|_| ReplayError::BadTarget(format!("method {:?} is not valid", capture.method)))?;
+    let method = match &opts.signing {
+        // A delivery is a POST (a GET's query becomes its form body).
+        Signing::AsDelivered(_) => reqwest::Method::POST,
+        _ => reqwest::Method::from_bytes(capture.method.as_bytes()).map_err(|_| {
+            ReplayError::BadTarget(format!("method {:?} is not valid", capture.method))
+        })?,
+    };
+    if matches!(opts.signing, Signing::AsDelivered(_)) && matches!(opts.target, Target::Gateway(_))
+    {
+        return Err(ReplayError::BadTarget(
+            "a request made as the gateway delivers goes to the handler behind it (--to), not \
+             through the gateway's ingest"
+                .to_owned(),
+        ));
+    }
     reqwest::Url::parse(url).map_err(|e| ReplayError::BadTarget(format!("{url}: {e}")))?;
     // Checked once up front, so a bad header fails the replay instead of every request.
-    headers_for(capture, &opts.signing, url, Timestamp::now())?;
+    headers_for(capture, &opts.signing, url, Timestamp::now(), 1)?;
     let started = tokio::time::Instant::now();
     let mut stream = futures::stream::iter(0..opts.times)
         .map(|i| {
@@ -552,9 +573,10 @@ pub(crate) async fn send_many(
             async move {
                 tokio::time::sleep_until(started + opts.delay * i).await;
                 // Signed at send time: a slow replay keeps every timestamp fresh.
-                let headers = headers_for(capture, &opts.signing, url, Timestamp::now())
-                    .expect("headers were checked before the first request");
-                send_one(&client, method, url, headers, capture.body.clone(), i + 1).await
+                let (headers, body) =
+                    headers_for(capture, &opts.signing, url, Timestamp::now(), i + 1)
+                        .expect("headers were checked before the first request");
+                send_one(&client, method, url, headers, body, i + 1).await
             }
         })
         .buffer_unordered(opts.concurrency.max(1) as usize);
@@ -577,16 +599,19 @@ pub(crate) fn http_client(timeout: Duration) -> reqwest::Client {
         .expect("a client without TLS roots to load builds")
 }
 
-/// The headers to send: captured, less transport and credential headers, re-signed or not.
+/// The headers and body of request `n`: captured, less transport and credential headers,
+/// re-signed or not, or as the gateway would deliver the capture ([`as_delivered`]).
 fn headers_for(
     capture: &Capture,
     signing: &Signing,
     url: &str,
     now: Timestamp,
-) -> Result<reqwest::header::HeaderMap, ReplayError> {
-    let headers = match signing {
-        Signing::Resign(signer) => signer.sign(capture, url, now),
-        Signing::Original => capture.headers.clone(),
+    n: u32,
+) -> Result<(reqwest::header::HeaderMap, Vec<u8>), ReplayError> {
+    let (headers, body) = match signing {
+        Signing::Resign(signer) => (signer.sign(capture, url, now), capture.body.clone()),
+        Signing::Original => (capture.headers.clone(), capture.body.clone()),
+        Signing::AsDelivered(secret) => as_delivered(capture, secret, n, now)?,
     };
     let mut map = reqwest::header::HeaderMap::new();
     for (name, value) in headers {
@@ -600,7 +625,51 @@ fn headers_for(
             .map_err(|_| ReplayError::BadHeader(name.clone()))?;
         map.append(header_name, header_value);
     }
-    Ok(map)
+    Ok((map, body))
+}
+
+/// What the gateway's worker would send for attempt `attempt` of `capture`'s event to a
+/// destination whose secret is `secret`, at `now` ([`crate::delivery::outgoing`], the same
+/// code): the body as delivered, the original headers, `Idempotency-Key:
+/// {source}:{first key}`, the `hooklatch-*` headers and the Standard Webhooks signature.
+pub fn as_delivered(
+    capture: &Capture,
+    secret: &Secret,
+    attempt: u32,
+    now: Timestamp,
+) -> Result<(Vec<(String, Vec<u8>)>, Vec<u8>), ReplayError> {
+    let key = capture.keys.first().ok_or_else(|| {
+        ReplayError::BadTarget(format!(
+            "{} has no event key to deliver it under",
+            capture.label()
+        ))
+    })?;
+    let request_id = capture
+        .request_id
+        .as_deref()
+        .and_then(hooklatch_core::RequestId::parse)
+        .unwrap_or(hooklatch_core::RequestId(0));
+    let delivery = hooklatch_core::store::LeasedDelivery {
+        id: hooklatch_core::DeliveryId(0),
+        request_id,
+        source: capture.source.clone(),
+        event_key: key.clone(),
+        event_type: None,
+        destination: String::new(),
+        idempotency_key: hooklatch_core::IdempotencyKey::from_stored(format!(
+            "{}:{key}",
+            capture.source
+        )),
+        attempts: attempt.saturating_sub(1),
+        round_started_at: now,
+        method: capture.method.clone(),
+        path: capture.path.clone(),
+        headers: capture.headers.clone(),
+        body: bytes::Bytes::from(capture.body.clone()),
+        lease_until: None,
+    };
+    let (body, headers) = crate::delivery::outgoing(&delivery, attempt, Some(secret), now);
+    Ok((headers, body.to_vec()))
 }
 
 async fn send_one(
@@ -834,6 +903,46 @@ mod tests {
             .is_ok()
     }
 
+    /// A capture sent as the gateway delivers it carries what a handler behind hooklatch
+    /// verifies: the Idempotency-Key, and a Standard Webhooks signature of the body under it
+    /// with the destination's secret, fresh at each send.
+    #[test]
+    fn as_delivered_is_signed_as_the_gateway_signs_a_delivery() {
+        let now = Timestamp::from_secs(1_780_000_000);
+        let (capture, _) = stripe_capture(now);
+        let secret = Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
+        let (headers, body) = as_delivered(&capture, &secret, 2, now).unwrap();
+        assert_eq!(body, capture.body);
+        let value = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| String::from_utf8(v.clone()).unwrap())
+        };
+        assert_eq!(value("idempotency-key").as_deref(), Some("stripe:evt_1"));
+        assert_eq!(value("webhook-id").as_deref(), Some("stripe:evt_1"));
+        assert_eq!(value("hooklatch-attempt").as_deref(), Some("2"));
+        // The provider's own signature goes along, as the gateway forwards it.
+        assert!(value("stripe-signature").is_some());
+        let map = header_map(&headers);
+        let req = InboundRequest {
+            path_and_query: "/webhooks",
+            headers: &map,
+            body: &body,
+            now,
+        };
+        hooklatch_core::provider::StandardWebhooks
+            .verify(
+                &req,
+                std::slice::from_ref(&secret),
+                Duration::from_secs(300),
+            )
+            .expect("verifies as a Standard Webhooks delivery");
+        let mut keyless = capture;
+        keyless.keys.clear();
+        assert!(as_delivered(&keyless, &secret, 1, now).is_err());
+    }
+
     /// Re-signing a capture as another provider than its own is done as asked, with a
     /// warning: its receiver checks the capture's provider's signature.
     #[test]
@@ -990,7 +1099,8 @@ mod tests {
         capture
             .headers
             .push(("authorization".to_owned(), b"Basic x".to_vec()));
-        let map = headers_for(&capture, &Signing::Original, "http://x/", Timestamp(0)).unwrap();
+        let (map, _) =
+            headers_for(&capture, &Signing::Original, "http://x/", Timestamp(0), 1).unwrap();
         assert!(map.get("host").is_none() && map.get("authorization").is_none());
         assert!(map.get("stripe-signature").is_some());
     }

@@ -106,7 +106,19 @@ impl PostgresStore {
             .max_connections(1)
             .acquire_timeout(STARTUP_TIMEOUT)
             .connect_lazy_with(connect.clone());
-        let mut first = match first_pool.acquire().await {
+        // A server still starting is waited for; a wait longer than a moment is said.
+        let shown = opts.redacted_url();
+        let waiting = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            tracing::warn!(
+                store = %shown,
+                "no connection to postgres yet: waiting up to {} s for it",
+                STARTUP_TIMEOUT.as_secs()
+            );
+        });
+        let acquired = first_pool.acquire().await;
+        waiting.abort();
+        let mut first = match acquired {
             Ok(first) => first,
             // The pool kept retrying and says only that it timed out: one more try on its own
             // gives the reason (refused, unknown host, authentication, TLS).

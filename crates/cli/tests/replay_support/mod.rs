@@ -269,13 +269,20 @@ impl CreditService {
     /// Starts the example in `mode` (`naive`, `check-then-insert`, `guarded`) on `db`, with
     /// `work_ms` of simulated work between its check and its write.
     pub async fn start(db: &str, mode: &str, work_ms: u64) -> CreditService {
+        CreditService::start_with(db, mode, work_ms, &[]).await
+    }
+
+    /// [`CreditService::start`] with more arguments (`--secret whsec_…`).
+    pub async fn start_with(db: &str, mode: &str, work_ms: u64, extra: &[&str]) -> CreditService {
         let bin = credit_service_bin().to_path_buf();
         let (db, mode) = (db.to_owned(), mode.to_owned());
+        let extra: Vec<String> = extra.iter().map(|a| (*a).to_owned()).collect();
         tokio::task::spawn_blocking(move || {
             let mut child = Command::new(bin)
                 .args(["--listen", "127.0.0.1:0", "--db", &db, "--mode", &mode])
                 .arg("--work-ms")
                 .arg(work_ms.to_string())
+                .args(&extra)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
