@@ -628,16 +628,19 @@ fn headers_for(
     Ok((map, body))
 }
 
+/// A request's headers, in order, byte-exact values.
+pub type Headers = Vec<(String, Vec<u8>)>;
+
 /// What the gateway's worker would send for attempt `attempt` of `capture`'s event to a
-/// destination whose secret is `secret`, at `now` ([`crate::delivery::outgoing`], the same
-/// code): the body as delivered, the original headers, `Idempotency-Key:
-/// {source}:{first key}`, the `hooklatch-*` headers and the Standard Webhooks signature.
+/// destination whose secret is `secret`, at `now` (by the same code the worker sends with):
+/// the headers — the original ones, `Idempotency-Key: {source}:{first key}`, the
+/// `hooklatch-*` headers and the Standard Webhooks signature — and the body as delivered.
 pub fn as_delivered(
     capture: &Capture,
     secret: &Secret,
     attempt: u32,
     now: Timestamp,
-) -> Result<(Vec<(String, Vec<u8>)>, Vec<u8>), ReplayError> {
+) -> Result<(Headers, Vec<u8>), ReplayError> {
     let key = capture.keys.first().ok_or_else(|| {
         ReplayError::BadTarget(format!(
             "{} has no event key to deliver it under",
@@ -916,7 +919,7 @@ mod tests {
         let value = |name: &str| {
             headers
                 .iter()
-                .find(|(n, _)| n == name)
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
                 .map(|(_, v)| String::from_utf8(v.clone()).unwrap())
         };
         assert_eq!(value("idempotency-key").as_deref(), Some("stripe:evt_1"));
