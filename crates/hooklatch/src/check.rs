@@ -511,7 +511,7 @@ fn prepare(input: CheckInput, to: &str, notes: &mut Vec<String>) -> Result<Prepa
                 .and_then(|(keys, _)| keys.into_iter().next())
                 .or_else(|| capture.keys.first().cloned())
                 .ok_or(CheckError::NoKey)?;
-            let event = format!("{} ({})", capture.label(), capture.source);
+            let event = format!("{} from source {}", capture.label(), capture.source);
             let (second, key_b, fresh) = match fresh_variant(&capture, &key_a, signer.as_ref()) {
                 Some((variant, key)) => (variant, key, true),
                 None => {

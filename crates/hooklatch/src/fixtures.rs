@@ -76,6 +76,8 @@ const FIXTURES: &[Fixture] = &[
     fixture!("slack", "block_actions", "block_actions.form", FORM),
     fixture!("whatsapp", "batch", "batch.json", JSON),
     fixture!("whatsapp", "message.text", "message.text.json", JSON),
+    // What examples/whatsapp-booking books: `send whatsapp --event message.booking`.
+    fixture!("whatsapp", "message.booking", "message.booking.json", JSON),
     fixture!(
         "discord",
         "application_command.book",
@@ -327,7 +329,8 @@ fn fresh_id(provider: &str) -> String {
         "standard-webhooks" => format!("msg_{}", alnum(27, &mut rng)),
         "twilio" => hex::encode(rng.random::<[u8; 16]>()),
         "slack" => format!("Ev{}", alnum(9, &mut rng).to_uppercase()),
-        "whatsapp" => alnum(32, &mut rng),
+        // A message id as the Cloud API writes one.
+        "whatsapp" => format!("wamid.{}", alnum(32, &mut rng)),
         "discord" => rng.random_range(10u64.pow(17)..10u64.pow(19)).to_string(),
         "razorpay" => format!("evt_{}", alnum(14, &mut rng)),
         "paddle" => format!("evt_{}", alnum(26, &mut rng).to_lowercase()),

@@ -376,3 +376,51 @@ async fn a_whatsapp_message_delivered_42_times_plus_retries_books_once_postgres(
     drop(conn);
     database.drop_now().await;
 }
+
+/// The README's `check` of the booking service: `send`'s booking test event, sent as the
+/// gateway delivers it (signed with the destination's secret), passes all four phases with one
+/// booking per message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_as_the_gateway_delivers_books_each_message_once() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let db = format!("sqlite://{}", dir.path().join("bookings.db").display());
+    let service = BookingService::start(&db).await;
+    let url = service.webhook_url();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+            .args([
+                "check",
+                "--provider",
+                "whatsapp",
+                "--event",
+                "message.booking",
+            ])
+            .args([
+                "--secret",
+                APP_SECRET,
+                "--destination-secret",
+                DESTINATION_SECRET,
+            ])
+            .args(["--to", &url, "--conflict", "--json", "--db", &db])
+            .args([
+                "--effects-sql",
+                "SELECT count(*) FROM bookings WHERE message_id = :key",
+            ])
+            .output()
+            .expect("running hooklatch check")
+    })
+    .await
+    .unwrap();
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+        panic!("{}", String::from_utf8_lossy(&out.stderr));
+    });
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    for phase in report["phases"].as_array().expect("phases") {
+        assert_eq!(phase["after"], 1, "{phase:#}");
+    }
+    assert_eq!(
+        service.bookings().await.len(),
+        2,
+        "one per message, A and B"
+    );
+}
