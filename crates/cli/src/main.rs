@@ -859,6 +859,9 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 settings.store.allow_unsafe_durability();
             }
             init_tracing(settings.log_format);
+            for warning in config::env_warnings(&env) {
+                tracing::warn!("{warning}");
+            }
             let cpus = std::thread::available_parallelism().map_or(1, usize::from);
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(settings.runtime_workers(cpus))
@@ -946,7 +949,10 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 return Ok(Outcome::Passed);
             }
             let settings = config::load(config.as_deref(), &env)?;
-            for warning in settings.warnings() {
+            for warning in config::env_warnings(&env)
+                .into_iter()
+                .chain(settings.warnings())
+            {
                 eprintln!("warning: {warning}");
             }
             println!(

@@ -1169,6 +1169,37 @@ const LIST_SETTINGS: &[&str] = &["secrets", "amqp_fallback", "allow", "destinati
 /// is read as TOML (`30`, `true`, `["a", "b"]`), else as text, but for [`TEXT_SETTINGS`] and
 /// [`LIST_SETTINGS`]. Returns each setting set, as the path a configuration error names
 /// (`sources[0].secrets`), with its variable.
+/// Environment variables that look meant for a setting but are not read as one: a section's
+/// name then a single underscore (`HOOKLATCH_STORE_URL` for `HOOKLATCH_STORE__URL`). Warned
+/// about, not refused: such a name may be one a file refers to (`env:HOOKLATCH_STORE_URL`).
+pub fn env_warnings(env: &HashMap<String, String>) -> Vec<String> {
+    const SECTIONS: [&str; 5] = ["SERVER", "STORE", "DELIVERY", "SOURCES", "DESTINATIONS"];
+    let mut names: Vec<&String> = env
+        .keys()
+        .filter(|k| !k.contains("__"))
+        .filter(|k| {
+            k.strip_prefix("HOOKLATCH_").is_some_and(|rest| {
+                SECTIONS
+                    .iter()
+                    .any(|s| rest.strip_prefix(s).is_some_and(|r| r.starts_with('_')))
+            })
+        })
+        .collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let (section, key) = name["HOOKLATCH_".len()..]
+                .split_once('_')
+                .expect("a section then an underscore");
+            format!(
+                "{name} is not read as a setting: a setting's variable separates its path with \
+                 two underscores (HOOKLATCH_{section}__{key})"
+            )
+        })
+        .collect()
+}
+
 fn apply_env<'e>(
     doc: &mut Value,
     env: &'e HashMap<String, String>,
@@ -2278,6 +2309,23 @@ tolerance = "30s"
                 .iter()
                 .any(|w| w.starts_with("source \"stripe\" has no destinations")),
             "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_variable_with_one_underscore_after_a_section_is_warned_about() {
+        let e = env(&[
+            ("HOOKLATCH_STORE_URL", "postgres://x"),
+            ("HOOKLATCH_STORE__URL", "sqlite://y.db"),
+            ("HOOKLATCH_ADMIN_TOKEN", "not a setting's name"),
+            ("HOOKLATCH_SOURCES_STRIPE__SECRETS", "mixed"),
+        ]);
+        assert_eq!(
+            env_warnings(&e),
+            [
+                "HOOKLATCH_STORE_URL is not read as a setting: a setting's variable separates its \
+              path with two underscores (HOOKLATCH_STORE__URL)"
+            ]
         );
     }
 
