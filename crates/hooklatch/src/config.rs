@@ -1061,7 +1061,7 @@ fn raw<'e>(
             .unwrap_or_else(|| "configuration".to_owned());
         ConfigError(format!(
             "{origin}: {path}: {}",
-            without_values(e.inner().message().trim())
+            readable(&without_values(e.inner().message().trim()))
         ))
     })?;
     Ok((raw, overridden))
@@ -1089,6 +1089,58 @@ fn syntax_error(text: &str, err: &toml::de::Error) -> String {
 /// `message` with every value it quotes left out — serde's `string "…"`, and its `integer
 /// `…``, `floating point `…``, `boolean `…`` and `character `…``: a value of the wrong type
 /// may be a secret in the wrong place (a token of digits alone reads as a number).
+/// serde's wording made a reader's: a mistyped key names the key it most likely meant (its
+/// "expected one of" lists every key of the table), and Rust's type names are said in words.
+fn readable(message: &str) -> String {
+    let mut out = message.to_owned();
+    for (rust, words) in [
+        ("expected i64", "expected a whole number"),
+        ("expected u64", "expected a whole number"),
+        ("expected u32", "expected a whole number"),
+        ("expected usize", "expected a whole number"),
+        ("expected f64", "expected a number"),
+    ] {
+        out = out.replace(rust, words);
+    }
+    let Some(rest) = out.strip_prefix("unknown field `") else {
+        return out;
+    };
+    let Some((field, known)) = rest.split_once("`, expected one of ") else {
+        return out;
+    };
+    let known: Vec<&str> = known.split(", ").map(|k| k.trim_matches('`')).collect();
+    let closest = known
+        .iter()
+        .map(|k| (edit_distance(field, k), *k))
+        .min()
+        .filter(|(d, _)| *d <= (field.chars().count() / 3).max(1));
+    match closest {
+        Some((_, k)) => format!("unknown field `{field}`: did you mean `{k}`?"),
+        None => format!(
+            "unknown field `{field}`; the keys here are {}",
+            known.join(", ")
+        ),
+    }
+}
+
+/// Levenshtein distance between two short strings, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 fn without_values(message: &str) -> String {
     let mut out = without_strings(message);
     for kind in ["integer", "floating point", "boolean", "character"] {
@@ -2162,7 +2214,25 @@ url = "http://app.internal:3000/webhooks/stripe"
         check_err(
             &format!("{EXAMPLE}\n[server]\nlistn = \"x\""),
             &with_secret,
-            "unknown field `listn`",
+            "server.listn: unknown field `listn`: did you mean `listen`?",
+        );
+        check_err(
+            &EXAMPLE.replace("[[destinations]]\n", "[[destinations]]\nalow = []\n"),
+            &with_secret,
+            "destinations[0].alow: unknown field `alow`: did you mean `allow`?",
+        );
+        check_err(
+            &EXAMPLE.replace("[[destinations]]\n", "[[destinations]]\nqwertyuiop = 1\n"),
+            &with_secret,
+            "unknown field `qwertyuiop`; the keys here are name, url,",
+        );
+        check_err(
+            &EXAMPLE.replace(
+                "[[destinations]]\n",
+                "[[destinations]]\nmax_attempts = \"2\"\n",
+            ),
+            &with_secret,
+            "destinations[0].max_attempts: invalid type: a string, expected a whole number",
         );
         check_err(
             EXAMPLE,
