@@ -22,10 +22,12 @@ pub const DEFAULT_ADMIN_URL: &str = "http://127.0.0.1:8081";
 #[non_exhaustive]
 pub enum AdminError {
     /// The request did not get an answer.
-    #[error("calling the admin API at {base}")]
+    #[error("calling the admin API at {base}{hint}")]
     Transport {
         /// The admin base URL.
         base: String,
+        /// What to check when nothing answered there (empty otherwise).
+        hint: &'static str,
         /// Why.
         #[source]
         source: reqwest::Error,
@@ -218,8 +220,14 @@ impl AdminClient {
         if let Some(token) = &self.token {
             req = req.bearer_auth(String::from_utf8_lossy(token.expose()));
         }
-        let transport = |source| AdminError::Transport {
+        let transport = |source: reqwest::Error| AdminError::Transport {
             base: self.base.clone(),
+            hint: if source.is_connect() {
+                " (nothing answers there: is the gateway running, and is that its \
+                 server.admin_listen? --config FILE reads it, --admin URL names it)"
+            } else {
+                ""
+            },
             source,
         };
         let res = req.send().await.map_err(transport)?;

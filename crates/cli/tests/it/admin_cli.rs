@@ -33,6 +33,13 @@ async fn admin_verbs_pointed_at_the_ingest_listener_fail_and_say_so() {
     let (code, stderr) = run(&["dlq", "list"], &gw.admin_url());
     assert_eq!(code, Some(0), "{stderr}");
     assert!(stderr.contains("0 dead-lettered deliveries"), "{stderr}");
+    // Nothing listening at all: the error says what to check.
+    let (code, stderr) = run(&["dlq", "list"], "http://127.0.0.1:9");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("nothing answers there: is the gateway running"),
+        "{stderr}"
+    );
     // A delivery that is not there is named once.
     let (code, stderr) = run(&["dlq", "retry", "dlv_999"], &gw.admin_url());
     assert_eq!(code, Some(1), "{stderr}");
