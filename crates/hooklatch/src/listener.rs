@@ -83,13 +83,14 @@ impl std::fmt::Display for ListenEvent {
                 outcome,
                 elapsed,
             } => {
-                let outcome = match outcome {
-                    Ok(status) => status.to_string(),
-                    Err(error) => format!("ERR {error}"),
+                // The columns first, as for a status; why it failed at the end of the line.
+                let (status, why) = match outcome {
+                    Ok(status) => (status.to_string(), String::new()),
+                    Err(error) => ("ERR".to_owned(), format!("  {error}")),
                 };
                 write!(
                     f,
-                    "{outcome}  dlv_{delivery} #{attempt}  {key}  {}  {} ms",
+                    "{status}  dlv_{delivery} #{attempt}  {key}  {}  {} ms{why}",
                     event_type.as_deref().unwrap_or("-"),
                     elapsed.as_millis()
                 )
@@ -400,6 +401,30 @@ impl Forward {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failure's line has a success's columns, its reason after them.
+    #[test]
+    fn a_failed_forward_keeps_the_columns_of_a_status() {
+        let line = |outcome| {
+            ListenEvent::Forwarded {
+                delivery: 3,
+                attempt: 1,
+                key: "stripe:evt_1".to_owned(),
+                event_type: Some("invoice.paid".to_owned()),
+                outcome,
+                elapsed: Duration::from_millis(7),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            line(Ok(200)),
+            "200  dlv_3 #1  stripe:evt_1  invoice.paid  7 ms"
+        );
+        assert_eq!(
+            line(Err("the local URL: connection refused".to_owned())),
+            "ERR  dlv_3 #1  stripe:evt_1  invoice.paid  7 ms  the local URL: connection refused"
+        );
+    }
 
     #[test]
     fn endpoints_keep_the_gateways_path() {
