@@ -179,8 +179,8 @@ Examples:
 
   # A handler behind hooklatch that verifies the gateway's signature: send as it delivers,
   # signed with the destination's secret:
-  hooklatch check --provider stripe --secret whsec_local_development_only \
-    --destination-secret env:APP_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe \
+  hooklatch check --provider stripe --secret whsec_local_development_only \\
+    --destination-secret env:APP_WEBHOOK_SECRET --to http://127.0.0.1:3000/webhooks/stripe \\
     --effects-sql \"SELECT count(*) FROM credits WHERE event_id = :key\" --db sqlite://app.db
 
 :key is a bind parameter (the event's key, as text), never pasted into the SQL. Exit status: 0
@@ -282,7 +282,7 @@ struct ListenArgs {
     /// The gateway's `listen` destination to receive.
     destination: String,
     /// The gateway's public base URL (where it serves /in/...).
-    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, value_name = "URL", value_parser = http_url, default_value = "http://127.0.0.1:8080")]
     gateway: String,
     /// The destination's listen_token: a literal, env:NAME or file:PATH.
     #[arg(
@@ -292,7 +292,7 @@ struct ListenArgs {
     )]
     token: String,
     /// Where to POST each delivery on this machine.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = http_url)]
     forward_to: String,
 }
 
@@ -313,7 +313,7 @@ struct SendArgs {
     #[arg(long, required_unless_present = "list")]
     secret: Option<String>,
     /// Where to POST it, e.g. http://127.0.0.1:8080/in/stripe.
-    #[arg(long, value_name = "URL", required_unless_present = "list")]
+    #[arg(long, value_name = "URL", value_parser = http_url, required_unless_present = "list")]
     to: Option<String>,
     /// Print the request (headers and body) before sending.
     #[arg(short, long)]
@@ -525,7 +525,7 @@ Exit status: 0 when enabled, 1 when it was not disabled, 2 when the gateway coul
 struct AdminArgs {
     /// The gateway's admin API (default: the config's server.admin_listen, https:// with
     /// server.admin_tls, else http://127.0.0.1:8081).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = http_url)]
     admin: Option<String>,
     /// The admin token (default: the config's server.admin_token).
     #[arg(long, env = "HOOKLATCH_ADMIN_TOKEN", hide_env_values = true)]
@@ -575,14 +575,14 @@ struct ReplayArgs {
     capture: String,
     /// Send straight at this URL (your handler). Without a query of its own it gets the
     /// capture's (a Twilio voice webhook sent as GET carries its parameters there).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = http_url)]
     to: Option<String>,
     /// Send through the gateway's ingest, POST {gateway}/in/{source}.
     #[arg(long)]
     via_gateway: bool,
     /// The gateway's ingest base URL (default: the config's server.listen, else
     /// http://127.0.0.1:8080).
-    #[arg(long, value_name = "URL", requires = "via_gateway")]
+    #[arg(long, value_name = "URL", value_parser = http_url, requires = "via_gateway")]
     gateway: Option<String>,
     /// Requests in all.
     #[arg(long, short = 'n', default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -635,7 +635,7 @@ struct CheckArgs {
     #[arg(long, value_name = "SECRET")]
     destination_secret: Option<String>,
     /// The handler's URL.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", value_parser = http_url)]
     to: String,
     /// Phase 1: deliveries one after another.
     #[arg(long, short = 'n', default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=10_000))]
@@ -739,7 +739,7 @@ struct ExportArgs {
 #[command(group = clap::ArgGroup::new("pace").args(["concurrency", "rate"]))]
 struct BenchArgs {
     /// The gateway's ingest base URL.
-    #[arg(long, value_name = "URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, value_name = "URL", value_parser = http_url, default_value = "http://127.0.0.1:8080")]
     target: String,
     /// The source: requests go to {target}/in/{source}.
     #[arg(long, default_value = "stripe")]
@@ -1121,8 +1121,15 @@ fn listen(args: ListenArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
         );
         Ok(url)
     };
+    let gateway = url("--gateway", &args.gateway)?;
+    anyhow::ensure!(
+        !gateway.path().starts_with("/in/"),
+        "--gateway is the gateway's base URL ({}://{}), not a source's /in/… URL",
+        gateway.scheme(),
+        gateway.host_str().unwrap_or_default()
+    );
     let options = hooklatch::listener::ListenOptions {
-        gateway: url("--gateway", &args.gateway)?,
+        gateway,
         destination: args.destination,
         token: config::read_secret("--token", &args.token, env, None)?,
         forward_to: url("--forward-to", &args.forward_to)?,
@@ -1404,6 +1411,26 @@ fn destination_secret(
     hooklatch::fixtures::secret_shape("standard-webhooks", &secret)
         .map_err(|why| anyhow::anyhow!("--destination-secret: {why}"))?;
     Ok(Some(secret))
+}
+
+/// An `http://` or `https://` URL argument, kept as written. One without a scheme (the
+/// commonest slip, `127.0.0.1:8080`) is refused with the URL it was most likely meant to be,
+/// rather than the URL parser's "relative URL without a base".
+fn http_url(text: &str) -> Result<String, String> {
+    // `localhost:8080` would parse as the scheme "localhost"; `127.0.0.1:8080` as nothing.
+    if !text.contains("://") {
+        return Err(format!(
+            "not a URL: write it with its scheme, http://{text}"
+        ));
+    }
+    match reqwest::Url::parse(text) {
+        Ok(url) if !matches!(url.scheme(), "http" | "https") => {
+            Err(format!("{}:// is not http:// or https://", url.scheme()))
+        }
+        Ok(url) if !url.has_host() => Err("the URL names no host".to_owned()),
+        Ok(_) => Ok(text.to_owned()),
+        Err(err) => Err(format!("not a URL: {err}")),
+    }
 }
 
 fn only_request(
@@ -1962,6 +1989,36 @@ mod tests {
     use clap::CommandFactory;
 
     use super::*;
+
+    #[test]
+    fn url_arguments_need_an_http_scheme_and_say_how_to_write_one() {
+        assert_eq!(
+            http_url("http://127.0.0.1:8080/in/stripe").as_deref(),
+            Ok("http://127.0.0.1:8080/in/stripe")
+        );
+        assert_eq!(
+            http_url("https://hooks.example.com").as_deref(),
+            Ok("https://hooks.example.com")
+        );
+        for (bad, said) in [
+            (
+                "127.0.0.1:8080/in/stripe",
+                "write it with its scheme, http://127.0.0.1:8080/in/stripe",
+            ),
+            (
+                "localhost:8080",
+                "write it with its scheme, http://localhost:8080",
+            ),
+            (
+                "ftp://files.example.com",
+                "ftp:// is not http:// or https://",
+            ),
+            ("http://", "not a URL: empty host"),
+        ] {
+            let err = http_url(bad).unwrap_err();
+            assert!(err.ends_with(said), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn the_flags_are_consistent() {
