@@ -764,6 +764,8 @@ async fn an_amqps_destination_publishes_over_tls_and_an_untrusted_broker_gets_no
     let error = row["last_error"].as_str().unwrap_or("");
     assert!(error.contains("invalid peer certificate"), "{row:#}");
     assert!(!error.contains("guest:guest"), "{error}");
+    // It names the broker it tried, its password masked.
+    assert!(error.contains("amqps://guest:***@"), "{error}");
     assert!(
         tls.refused_at_least(refused_before + 1, Duration::from_secs(10))
             .await

@@ -402,7 +402,8 @@ impl Publisher {
     /// [`Publisher::connect`] to one node.
     async fn connect_to(&self, url: &str) -> Result<Link, PublishError> {
         let c = &self.config;
-        let connect_err = |e: lapin::Error| PublishError::Connect(e.to_string());
+        let shown = redact_url(url);
+        let connect_err = |e: lapin::Error| PublishError::Connect(format!("{shown}: {e}"));
         let props = ConnectionProperties::default().with_connection_name(LongString::from(
             format!("hooklatch-{}", std::process::id()),
         ));
@@ -465,7 +466,16 @@ impl Publisher {
             }
             Err(e) => {
                 let _ = connection.close(200, "setup failed").await;
-                Err(connect_err(e))
+                // Connected: what failed is the channel, or declaring the exchange and queue
+                // (a queue declared before with other arguments, say).
+                Err(PublishError::Connect(format!(
+                    "{shown}: connected, then setting up the confirm channel{} failed: {e}",
+                    if c.declare {
+                        ", exchange and queue"
+                    } else {
+                        ""
+                    }
+                )))
             }
         }
     }

@@ -6,13 +6,13 @@ pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => {
+    // The user info ends at the last '@': a password written without percent-encoding may
+    // hold '/', '?' or '#', and none of it may show.
+    match rest.rsplit_once('@') {
+        Some((userinfo, host_and_tail)) => {
             let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
             let masked = if userinfo.contains(':') { ":***" } else { "" };
-            format!("{scheme}://{user}{masked}@{host}{tail}")
+            format!("{scheme}://{user}{masked}@{host_and_tail}")
         }
         None => url.to_owned(),
     }
@@ -43,5 +43,9 @@ mod tests {
         assert_eq!(redact_url("amqp://h:5672"), "amqp://h:5672");
         assert_eq!(redact_url("amqp://u:p@h?x=1"), "amqp://u:***@h?x=1");
         assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_url("amqp://u:p#a/s?s@h:5672/%2f"),
+            "amqp://u:***@h:5672/%2f"
+        );
     }
 }
