@@ -268,14 +268,23 @@ fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{user}:***@{host}"),
-            None => authority.to_owned(),
-        },
-        None => authority.to_owned(),
+    // The user info ends at the last '@': a password written without percent-encoding may
+    // hold '/' or '?', and none of it may show (a '@' later in the URL masks more, not less).
+    let (authority, tail) = match rest.rsplit_once('@') {
+        Some((userinfo, after)) => {
+            let host_end = after.find(['/', '?']).unwrap_or(after.len());
+            let (host, tail) = after.split_at(host_end);
+            let authority = match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{user}:***@{host}"),
+                None => format!("{userinfo}@{host}"),
+            };
+            (authority, tail)
+        }
+        None => {
+            let host_end = rest.find(['/', '?']).unwrap_or(rest.len());
+            let (host, tail) = rest.split_at(host_end);
+            (host.to_owned(), tail)
+        }
     };
     let tail = match tail.split_once('?') {
         Some((path, query)) => {
@@ -421,6 +430,11 @@ mod tests {
         assert_eq!(
             PgOptions::new("postgres://app@db/hl").redacted_url(),
             "postgres://app@db/hl"
+        );
+        // A password holding '/' or '?' unencoded is masked whole.
+        assert_eq!(
+            PgOptions::new("postgres://app:p/a?s@db:5432/hl?sslmode=require").redacted_url(),
+            "postgres://app:***@db:5432/hl?sslmode=require"
         );
     }
 }
