@@ -1073,6 +1073,18 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
     };
     let items = client_runtime()?.block_on(client.summaries(&filter))?;
     let mut out = std::io::stdout().lock();
+    const ROW: fn(&str, &str, &str, &str, &str, &str, &str) -> String =
+        |id, received, source, verdict, status, size, keys| {
+            format!("{id:<10} {received:<24}  {source:<12} {verdict:<30} {status:>6}  {size:>9}  {keys}")
+        };
+    if !args.json && !items.is_empty() {
+        let header = ROW(
+            "ID", "RECEIVED", "SOURCE", "VERDICT", "STATUS", "BODY", "KEYS",
+        );
+        if writeln!(out, "{}", header.trim_end()).is_err() {
+            return Ok(());
+        }
+    }
     for item in &items {
         let line = if args.json {
             item.to_string()
@@ -1087,15 +1099,14 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
                 .as_array()
                 .map(|keys| keys.iter().filter_map(serde_json::Value::as_str).collect())
                 .unwrap_or_default();
-            format!(
-                "{:<10} {}  {:<12} {:<30} {:>3}  {:>7} B  {}",
-                text("id"),
-                text("received_at"),
-                text("source"),
-                verdict,
-                item["status"],
-                item["body_len"],
-                keys.join(" ")
+            ROW(
+                &text("id"),
+                &text("received_at"),
+                &text("source"),
+                &verdict,
+                &item["status"].to_string(),
+                &format!("{} B", item["body_len"]),
+                &keys.join(" "),
             )
         };
         // A closed stdout (`| head`) ends the listing quietly.
@@ -1908,18 +1919,41 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
             let client = admin_client(&admin, settings.as_ref());
             let items =
                 runtime.block_on(client.deliveries("dead", destination.as_deref(), limit))?;
+            let row =
+                |id: &str, request: &str, dest: &str, attempts: &str, key: &str, error: &str| {
+                    let line = format!(
+                        "{id:<10} {request:<10} {dest:<12} {attempts:>8}  {key:<40} {error}"
+                    );
+                    line.trim_end().to_owned()
+                };
+            if !json && !items.is_empty() {
+                println!(
+                    "{}",
+                    row(
+                        "ID",
+                        "REQUEST",
+                        "DESTINATION",
+                        "ATTEMPTS",
+                        "IDEMPOTENCY KEY",
+                        "LAST ERROR"
+                    )
+                );
+            }
             for item in &items {
                 if json {
                     println!("{item}");
                 } else {
+                    let text = |name: &str| item[name].as_str().unwrap_or("?").to_owned();
                     println!(
-                        "{:<10} {:<10} {:<12} attempts={:<3} {:<40} {}",
-                        item["id"].as_str().unwrap_or("?"),
-                        item["request_id"].as_str().unwrap_or("?"),
-                        item["destination"].as_str().unwrap_or("?"),
-                        item["history"].as_array().map_or(0, Vec::len),
-                        item["idempotency_key"].as_str().unwrap_or("?"),
-                        item["last_error"].as_str().unwrap_or("")
+                        "{}",
+                        row(
+                            &text("id"),
+                            &text("request_id"),
+                            &text("destination"),
+                            &item["history"].as_array().map_or(0, Vec::len).to_string(),
+                            &text("idempotency_key"),
+                            item["last_error"].as_str().unwrap_or(""),
+                        )
                     );
                 }
             }

@@ -192,7 +192,14 @@ async fn events_list_shows_the_history_with_verdicts_and_filters() {
         hooklatch(&args, &gateway.admin_url())
     };
     let all = list(&[]);
-    let lines: Vec<&str> = all.lines().collect();
+    let mut lines: Vec<&str> = all.lines().collect();
+    assert!(
+        lines
+            .first()
+            .is_some_and(|h| h.starts_with("ID") && h.contains("VERDICT")),
+        "a header row first: {all}"
+    );
+    lines.remove(0);
     assert_eq!(lines.len(), 3, "{all}");
     assert!(
         lines[0].contains("rejected (invalid_signature)"),
@@ -215,5 +222,5 @@ async fn events_list_shows_the_history_with_verdicts_and_filters() {
     assert_eq!(items.len(), 1, "{json}");
     assert_eq!(items[0]["verdict"], "duplicate");
     assert_eq!(items[0]["keys"][0], id.as_str());
-    assert_eq!(list(&["--key", &id, "--limit", "1"]).lines().count(), 1);
+    assert_eq!(list(&["--key", &id, "--limit", "1"]).lines().count(), 2);
 }
