@@ -83,6 +83,30 @@ amqp = "env:E2E_AMQP_URL"
     }
 }
 
+/// A broker that cannot be reached is said at start, naming it with its password masked,
+/// and stops nothing: events are accepted and wait in the outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_unreachable_at_start_is_said_and_events_are_still_accepted() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        options(
+            &format!("amqp://guest:guest@127.0.0.1:{port}/%2f"),
+            "exchange = \"\"\nrouting_key = \"nowhere\"",
+        ),
+    )
+    .await;
+    let said = format!("RabbitMQ cannot be reached now (connecting to RabbitMQ failed: amqp://guest:***@127.0.0.1:{port}/%2f:");
+    wait_until("the start-up warning", || gw.log().contains(&said)).await;
+    assert!(!gw.log().contains("guest:guest"));
+    let key = send_accepted(&gw, "evt_broker_down").await;
+    let row = gw.deliveries_for(&key).await;
+    assert_eq!(row[0]["state"], "pending", "{row:#?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_payment_sent_42_times_is_one_persistent_message_keyed_by_its_event() {
     let Some(url) = broker_url() else { return };

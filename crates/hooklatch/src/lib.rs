@@ -428,6 +428,22 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         stop_serving.clone(),
     ));
     if settings.delivery.enabled {
+        // Each broker connected at once, not at the first event: one that cannot be reached,
+        // or a queue that exists with other arguments, is said at start. Nothing waits on it:
+        // deliveries to a broker that is down wait in the outbox and are retried.
+        for (name, publisher) in &publishers {
+            let (name, publisher) = (name.clone(), publisher.clone());
+            tokio::spawn(async move {
+                match publisher.connect_now().await {
+                    Ok(()) => tracing::info!(destination = %name, "connected to RabbitMQ"),
+                    Err(err) => tracing::warn!(
+                        destination = %name,
+                        "RabbitMQ cannot be reached now ({err}): deliveries to it wait in the \
+                         outbox and are retried"
+                    ),
+                }
+            });
+        }
         tasks.spawn(worker.run(stop_serving.clone(), grace));
     } else {
         tracing::warn!(

@@ -298,11 +298,23 @@ impl Publisher {
             .unwrap_or(Err(PublishError::Timeout(timeout)))
     }
 
-    async fn publish_locked(
-        &self,
-        state: &mut State,
-        msg: &Message<'_>,
-    ) -> Result<(), PublishError> {
+    /// Connects now rather than at the first publish, so that a broker that cannot be reached
+    /// (or a queue declared before with other arguments) is known at start. A failure counts
+    /// as a failed connection: the next publish waits out the same backoff.
+    pub async fn connect_now(&self) -> Result<(), PublishError> {
+        let timeout = self.config.timeout;
+        let attempt = async {
+            let mut state = self.state.lock().await;
+            self.ensure_link(&mut state).await
+        };
+        tokio::time::timeout(timeout, attempt)
+            .await
+            .unwrap_or(Err(PublishError::Timeout(timeout)))
+    }
+
+    /// A usable connection and channel in `state`, connecting (after any backoff) if there is
+    /// none.
+    async fn ensure_link(&self, state: &mut State) -> Result<(), PublishError> {
         // A publish abandoned before its confirm (timed out) leaves the channel in doubt: a
         // late confirm or return must not be taken for the next message's.
         let usable = !state.in_doubt
@@ -335,6 +347,15 @@ impl Publisher {
                 }
             }
         }
+        Ok(())
+    }
+
+    async fn publish_locked(
+        &self,
+        state: &mut State,
+        msg: &Message<'_>,
+    ) -> Result<(), PublishError> {
+        self.ensure_link(state).await?;
         state.in_doubt = true;
         let link = state.link.as_ref().expect("connected above");
         let c = &self.config;
