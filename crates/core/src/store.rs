@@ -161,6 +161,9 @@ pub struct NewEvent {
     pub key: EventKey,
     /// The provider's event type, if any.
     pub event_type: Option<String>,
+    /// What tells a duplicate of this event from a conflict, when it is not the whole body's
+    /// hash ([`Ingest::body_sha256`]): the provider's [`crate::ExtractedEvent::fingerprint`].
+    pub content_sha256: Option<[u8; 32]>,
 }
 
 impl NewEvent {
@@ -172,7 +175,17 @@ impl NewEvent {
             Cow::Borrowed(_) => t,
             Cow::Owned(replaced) => replaced,
         });
-        NewEvent { key, event_type }
+        NewEvent {
+            key,
+            event_type,
+            content_sha256: None,
+        }
+    }
+
+    /// The event with its own content hash ([`NewEvent::content_sha256`]).
+    pub fn with_content(mut self, content_sha256: Option<[u8; 32]>) -> NewEvent {
+        self.content_sha256 = content_sha256;
+        self
     }
 }
 
@@ -183,7 +196,8 @@ pub struct Ingest {
     pub source: SourceName,
     /// The request, byte-exact.
     pub request: RequestRecord,
-    /// SHA-256 of the raw body, to tell duplicates from conflicts.
+    /// SHA-256 of the raw body, to tell duplicates from conflicts (unless an event has a
+    /// content hash of its own: [`Ingest::content_sha256`]).
     pub body_sha256: [u8; 32],
     /// The events it carries (usually one).
     pub events: Vec<NewEvent>,
@@ -212,6 +226,13 @@ pub struct IngestLease {
 }
 
 impl Ingest {
+    /// What `event`'s claim is compared by, duplicate or conflict: its own content hash when the
+    /// provider gives one (an item of a batch that a retry may regroup, an event whose
+    /// notifications differ only in their own ids), else the whole body's.
+    pub fn content_sha256(&self, event: &NewEvent) -> [u8; 32] {
+        event.content_sha256.unwrap_or(self.body_sha256)
+    }
+
     /// How many deliveries this ingest queues if every event is new: the most a hand-off of
     /// it may carry.
     pub fn most_deliveries(&self) -> usize {

@@ -1216,11 +1216,6 @@ const TEXT_SETTINGS: &[&str] = &[
 /// is a list of one (`HOOKLATCH_SOURCES__STRIPE__SECRETS=whsec_…`).
 const LIST_SETTINGS: &[&str] = &["secrets", "amqp_fallback", "allow", "destinations"];
 
-/// Applies `HOOKLATCH_A__B__C=value`: `a.b.c`, where a segment naming an array of tables
-/// selects the element whose `name` matches (case-insensitive, `-` written as `_`). A value
-/// is read as TOML (`30`, `true`, `["a", "b"]`), else as text, but for [`TEXT_SETTINGS`] and
-/// [`LIST_SETTINGS`]. Returns each setting set, as the path a configuration error names
-/// (`sources[0].secrets`), with its variable.
 /// Environment variables that look meant for a setting but are not read as one: a section's
 /// name then a single underscore (`HOOKLATCH_STORE_URL` for `HOOKLATCH_STORE__URL`). Warned
 /// about, not refused: such a name may be one a file refers to (`env:HOOKLATCH_STORE_URL`).
@@ -1252,6 +1247,11 @@ pub fn env_warnings(env: &HashMap<String, String>) -> Vec<String> {
         .collect()
 }
 
+/// Applies `HOOKLATCH_A__B__C=value`: `a.b.c`, where a segment naming an array of tables
+/// selects the element whose `name` matches (case-insensitive, `-` written as `_`). A value
+/// is read as TOML (`30`, `true`, `["a", "b"]`), else as text, but for [`TEXT_SETTINGS`] and
+/// [`LIST_SETTINGS`]. Returns each setting set, as the path a configuration error names
+/// (`sources[0].secrets`), with its variable.
 fn apply_env<'e>(
     doc: &mut Value,
     env: &'e HashMap<String, String>,

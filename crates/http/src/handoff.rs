@@ -237,6 +237,7 @@ mod tests {
             events: vec![NewEvent {
                 key: EventKey::parse("evt_1").unwrap(),
                 event_type: None,
+                content_sha256: None,
             }],
             destinations: vec!["app".to_owned(), "audit".to_owned()],
             retention: Duration::from_secs(3600),

@@ -228,7 +228,7 @@ async fn insert_and_claim(
     .bind(keys)
     .bind(ingest.source.as_str())
     .bind(event.key.as_str())
-    .bind(&ingest.body_sha256[..])
+    .bind(&ingest.content_sha256(event)[..])
     .bind(now.plus(ingest.retention).0)
     .bind(event.event_type.as_deref().map(text))
     .bind(idempotency_key.as_str())
@@ -332,7 +332,7 @@ pub(crate) async fn insert_and_claim_many(
         body.push(&request.body[..]);
         body_truncated.push(request.body_truncated);
         key.push(event.key.as_str());
-        sha.push(&ingest.body_sha256[..]);
+        sha.push(ingest.content_sha256(event));
         expires_at.push(request.received_at.plus(ingest.retention).0);
         event_type.push(event.event_type.as_deref().map(|t| text(t).into_owned()));
         idempotency_key.push(
@@ -451,7 +451,7 @@ pub(crate) async fn insert_and_claim_many(
                 return Ok(Batched::Held(request_id));
             };
             let claim = earlier_claim(
-                ingest,
+                &ingest.content_sha256(batched_event(ingest)?),
                 &held_sha256,
                 RequestId(row.try_get(4)?),
                 Timestamp(row.try_get(5)?),
@@ -507,7 +507,7 @@ pub(crate) async fn settle_held_many(
         }
         let sha: Vec<u8> = row.try_get(1)?;
         let claim = earlier_claim(
-            ingest,
+            &ingest.content_sha256(batched_event(ingest)?),
             &sha,
             RequestId(row.try_get(2)?),
             Timestamp(row.try_get(3)?),
@@ -538,15 +538,15 @@ pub(crate) async fn settle_held_many(
     Ok(outcomes)
 }
 
-/// What a live claim held by another request makes of this copy: a duplicate when the bodies
-/// are the same, a conflict when they differ.
+/// What a live claim held by another request makes of this copy: a duplicate when the
+/// contents (`content`, [`Ingest::content_sha256`]) are the same, a conflict when they differ.
 fn earlier_claim(
-    ingest: &Ingest,
+    content: &[u8; 32],
     held_sha256: &[u8],
     first_request: RequestId,
     first_seen: Timestamp,
 ) -> Claim {
-    if held_sha256 == ingest.body_sha256.as_slice() {
+    if held_sha256 == content.as_slice() {
         Claim::Duplicate {
             first_request,
             first_seen,
@@ -583,6 +583,7 @@ async fn claim(
     let key = event.key.as_str();
     let now = ingest.request.received_at;
     let expires_at = now.plus(ingest.retention);
+    let content = ingest.content_sha256(event);
     for _ in 0..CLAIM_TRIES {
         let inserted = sqlx::query(
             "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
@@ -591,7 +592,7 @@ async fn claim(
         )
         .bind(source)
         .bind(key)
-        .bind(&ingest.body_sha256[..])
+        .bind(&content[..])
         .bind(request_id.0)
         .bind(now.0)
         .bind(expires_at.0)
@@ -618,7 +619,7 @@ async fn claim(
         if expires > now.0 {
             let sha: Vec<u8> = held.try_get(0)?;
             return Ok(Claimed::Earlier(earlier_claim(
-                ingest,
+                &content,
                 &sha,
                 RequestId(held.try_get(1)?),
                 Timestamp(held.try_get(2)?),
@@ -631,7 +632,7 @@ async fn claim(
         )
         .bind(source)
         .bind(key)
-        .bind(&ingest.body_sha256[..])
+        .bind(&content[..])
         .bind(request_id.0)
         .bind(now.0)
         .bind(expires_at.0)

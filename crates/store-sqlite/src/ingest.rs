@@ -95,6 +95,7 @@ fn claim(
 ) -> rusqlite::Result<Claim> {
     let now = ingest.request.received_at;
     let source = ingest.source.as_str();
+    let content = ingest.content_sha256(event);
     let inserted = conn
         .prepare_cached(
             "INSERT INTO claims (source, key, body_sha256, request_id, claimed_at, expires_at)
@@ -107,7 +108,7 @@ fn claim(
         .execute(params![
             source,
             event.key.as_str(),
-            &ingest.body_sha256[..],
+            &content[..],
             request_id.0,
             now.0,
             now.plus(ingest.retention).0
@@ -124,7 +125,7 @@ fn claim(
         .query_row(params![source, event.key.as_str()], |r| {
             Ok((r.get(0)?, r.get(1)?, r.get(2)?))
         })?;
-    Ok(if sha.as_slice() == ingest.body_sha256.as_slice() {
+    Ok(if sha.as_slice() == content.as_slice() {
         Claim::Duplicate {
             first_request: RequestId(first_request),
             first_seen: Timestamp(first_seen),

@@ -143,8 +143,9 @@ impl State {
             .get(&claim_key)
             // A claim expired at or before now is as good as absent.
             .filter(|claim| claim.expires_at > now);
+        let content = ingest.content_sha256(event);
         match held {
-            Some(held) if held.body_sha256 == ingest.body_sha256 => Claim::Duplicate {
+            Some(held) if held.body_sha256 == content => Claim::Duplicate {
                 first_request: held.request_id,
                 first_seen: held.claimed_at,
             },
@@ -156,7 +157,7 @@ impl State {
                 self.claims.insert(
                     claim_key,
                     StoredClaim {
-                        body_sha256: ingest.body_sha256,
+                        body_sha256: content,
                         request_id,
                         claimed_at: now,
                         expires_at,

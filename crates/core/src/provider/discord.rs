@@ -22,6 +22,13 @@
 //! `application_command.{data.name}`, `message_component`,
 //! `application_command_autocomplete.{data.name}`, `modal_submit`, `ping`, or
 //! `interaction.{type}` for a type this adapter does not know.
+//!
+//! The same source also takes Discord's Webhook Events (a separate URL in the Developer
+//! Portal, signed the same way), told apart by their shape: an outer `version`,
+//! `application_id` and `type` with no interaction `id` or `token`. Their PING (`type` 0) is a
+//! handshake answered 204 with no body; an event (`type` 1, `event{type, timestamp, data}`)
+//! carries no id, so its key is `event:` and the SHA-256 of the body (a retry sends the same
+//! bytes), its type `event.type`, and it is acknowledged 204 with no body.
 
 use std::time::Duration;
 
@@ -39,6 +46,8 @@ const TIMESTAMP_HEADER: &str = "X-Signature-Timestamp";
 const KEY_FIELD: &str = "body field `id`";
 
 const PING: u64 = 1;
+/// A Webhook Events PING (their events are `type` 1, like an interaction PING).
+const WEBHOOK_PING: u64 = 0;
 const APPLICATION_COMMAND: u64 = 2;
 const MESSAGE_COMPONENT: u64 = 3;
 const AUTOCOMPLETE: u64 = 4;
@@ -108,6 +117,18 @@ impl ProviderAdapter for Discord {
 
     fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection> {
         let body = parse_json(req.body)?;
+        if is_webhook_event(&body) {
+            let key = format!("event:{}", hex::encode(crate::secret::sha256(req.body)));
+            let event_type = body
+                .pointer("/event/type")
+                .and_then(Value::as_str)
+                .map_or_else(|| "webhook_event".to_owned(), str::to_owned);
+            return Ok(vec![ExtractedEvent {
+                fingerprint: None,
+                key: event_key(&key, "the body's hash")?,
+                event_type: Some(event_type),
+            }]);
+        }
         let id = body
             .get("id")
             .and_then(Value::as_str)
@@ -130,6 +151,7 @@ impl ProviderAdapter for Discord {
             (None, _) => "interaction".to_owned(),
         };
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: event_key(id, KEY_FIELD)?,
             event_type: Some(event_type),
         }])
@@ -162,13 +184,18 @@ impl ProviderAdapter for Discord {
 
     fn handshake(&self, req: &InboundRequest<'_>) -> Option<ProviderReply> {
         let body = serde_json::from_slice::<Value>(req.body).ok()?;
+        if is_webhook_event(&body) {
+            return (interaction_type(&body) == Some(WEBHOOK_PING)).then(no_content);
+        }
         (interaction_type(&body) == Some(PING)).then(pong)
     }
 
     fn ack_reply(&self, req: &InboundRequest<'_>) -> Option<ProviderReply> {
-        let kind = serde_json::from_slice::<Value>(req.body)
-            .ok()
-            .and_then(|body| interaction_type(&body));
+        let body = serde_json::from_slice::<Value>(req.body).ok();
+        if body.as_ref().is_some_and(is_webhook_event) {
+            return Some(no_content());
+        }
+        let kind = body.and_then(|body| interaction_type(&body));
         let reply = match (kind, &self.deferred_response) {
             (Some(PING), _) => return Some(pong()),
             (Some(AUTOCOMPLETE), _) => json!({"type": 8, "data": {"choices": []}}),
@@ -182,6 +209,23 @@ impl ProviderAdapter for Discord {
 
 fn pong() -> ProviderReply {
     ProviderReply::json(&json!({"type": 1}))
+}
+
+/// What Discord's Webhook Events want back, for their PING and for every event.
+fn no_content() -> ProviderReply {
+    ProviderReply {
+        status: 204,
+        content_type: "text/plain; charset=utf-8",
+        body: Vec::new(),
+    }
+}
+
+/// Whether `body` is a Webhook Events payload rather than an interaction: no interaction
+/// `id` or `token`, and a PING (`type` 0) or an `event`.
+fn is_webhook_event(body: &Value) -> bool {
+    body.get("id").is_none()
+        && body.get("token").is_none()
+        && (interaction_type(body) == Some(WEBHOOK_PING) || body.get("event").is_some())
 }
 
 fn interaction_type(body: &Value) -> Option<u64> {
@@ -239,6 +283,42 @@ mod tests {
     const COMMAND: &[u8] = br#"{"id":"1234567890123456789","application_id":"111","type":2,"data":{"id":"222","name":"book","type":1},"token":"tok","version":1}"#;
     const COMPONENT: &[u8] = br#"{"id":"1234567890123456790","application_id":"111","type":3,"data":{"custom_id":"confirm","component_type":2},"token":"tok","version":1}"#;
     const PING_BODY: &[u8] = br#"{"id":"1234567890123456791","application_id":"111","type":1,"token":"tok","version":1}"#;
+
+    /// Discord's Webhook Events (a URL of their own): a PING answered 204 with no body, and
+    /// an event, which carries no id, keyed by its body and acknowledged 204; neither is taken
+    /// for an interaction.
+    #[test]
+    fn webhook_events_are_told_from_interactions() {
+        let adapter = discord(SEED);
+        let empty = HeaderMap::new();
+        let ping = br#"{"version":1,"application_id":"111","type":0}"#;
+        let reply = adapter
+            .handshake(&request(&empty, ping))
+            .expect("a handshake");
+        assert_eq!((reply.status, reply.body.len()), (204, 0));
+
+        let event = br#"{"version":1,"application_id":"111","type":1,"event":{"type":"APPLICATION_AUTHORIZED","timestamp":"2026-12-07T06:00:00.000000+00:00","data":{"user":{"id":"42"}}}}"#;
+        let req = request(&empty, event);
+        assert_eq!(adapter.handshake(&req), None, "an event, not a PING");
+        let events = adapter.extract(&req).expect("an event");
+        assert_eq!(events.len(), 1);
+        assert_eq!(
+            events[0].key.as_str(),
+            format!("event:{}", hex::encode(crate::secret::sha256(event)))
+        );
+        assert_eq!(
+            events[0].event_type.as_deref(),
+            Some("APPLICATION_AUTHORIZED")
+        );
+        let ack = adapter.ack_reply(&req).expect("an answer");
+        assert_eq!((ack.status, ack.body.len()), (204, 0));
+
+        // An interaction PING is still one.
+        let reply = adapter
+            .handshake(&request(&empty, PING_BODY))
+            .expect("a PONG");
+        assert_eq!((reply.status, reply.body), (200, br#"{"type":1}"#.to_vec()));
+    }
 
     fn discord(seed: [u8; 32]) -> Discord {
         Discord {

@@ -123,6 +123,7 @@ impl ProviderAdapter for Generic {
             })
             .map(str::to_owned);
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: self.find_key(req.headers, body.as_ref())?,
             event_type,
         }])

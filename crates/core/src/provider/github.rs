@@ -62,6 +62,7 @@ impl ProviderAdapter for GitHub {
                 detail: place.clone(),
             })?;
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: event_key(delivery, &place)?,
             event_type: header_str(req.headers, EVENT_HEADER).map(str::to_owned),
         }])

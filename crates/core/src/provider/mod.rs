@@ -61,6 +61,11 @@ pub struct ExtractedEvent {
     pub key: EventKey,
     /// The provider's event type (`invoice.payment_succeeded`, `push`), when it says one.
     pub event_type: Option<String>,
+    /// A hash of what the event is, when the whole body's is the wrong measure: the same event
+    /// arriving again with other bytes around it is a duplicate, not a conflict (an item of a
+    /// batch a retry regroups; a notification that differs only in its own id). `None`: the
+    /// body's hash.
+    pub fingerprint: Option<[u8; 32]>,
 }
 
 /// What a test-event signer needs.

@@ -77,6 +77,7 @@ impl ProviderAdapter for Paddle {
             detail: KEY_FIELD.to_owned(),
         })?;
         Ok(vec![ExtractedEvent {
+            fingerprint: fingerprint(req.body),
             key: event_key(&id, KEY_FIELD)?,
             event_type,
         }])
@@ -131,6 +132,17 @@ fn parse_header(value: &str) -> Result<SignatureHeader<'_>, Rejection> {
     })
 }
 
+/// The event without its notification: one `event_id` is notified once per destination (and
+/// again by a replay), each time with its own `notification_id`, so those copies are
+/// duplicates of one event, not conflicts. `None` (the body's hash) for a body that is not a
+/// JSON object.
+fn fingerprint(body: &[u8]) -> Option<[u8; 32]> {
+    let mut event = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+    event.as_object_mut()?.remove("notification_id");
+    let canonical = serde_json::to_vec(&event).expect("a JSON value serializes");
+    Some(crate::secret::sha256(&canonical))
+}
+
 #[cfg(test)]
 mod tests {
     use http::{HeaderMap, HeaderValue};
@@ -144,6 +156,34 @@ mod tests {
     const BODY: &[u8] = br#"{"event_id":"evt_01hv8wptq8987qeep44cyrewp9","event_type":"transaction.completed","occurred_at":"2023-11-14T22:13:20.000000Z","notification_id":"ntf_01hv8wpts6hdzsn7dn8ezdpyr0","data":{}}"#;
     const OLD: &str = "pdl_ntfset_old_secret";
     const NEW: &str = "pdl_ntfset_new_secret";
+
+    /// One event notified to two destinations (or replayed) differs only in its
+    /// `notification_id`: the same fingerprint, so the second is a duplicate, not a conflict.
+    /// Any other difference is another fingerprint.
+    #[test]
+    fn notifications_of_one_event_share_a_fingerprint() {
+        let of = |body: &[u8]| {
+            let headers = HeaderMap::new();
+            let req = InboundRequest {
+                path_and_query: "/in/paddle",
+                headers: &headers,
+                body,
+                now: Timestamp::from_secs(NOW),
+            };
+            Paddle.extract(&req).expect("an event")[0].fingerprint
+        };
+        let other_notification = String::from_utf8(BODY.to_vec()).unwrap().replace(
+            "ntf_01hv8wpts6hdzsn7dn8ezdpyr0",
+            "ntf_01hv8wpts6hdzsn7dn8ezdpyr1",
+        );
+        let first = of(BODY);
+        assert!(first.is_some());
+        assert_eq!(of(other_notification.as_bytes()), first);
+        let other_data = String::from_utf8(BODY.to_vec())
+            .unwrap()
+            .replace(r#""data":{}"#, r#""data":{"amount":1}"#);
+        assert_ne!(of(other_data.as_bytes()), first);
+    }
 
     /// The `Paddle-Signature` value Paddle would send for `body`, signed at `signed_at`.
     fn signature(secret: &str, signed_at: i64, body: &[u8]) -> String {

@@ -60,6 +60,7 @@ impl ProviderAdapter for Razorpay {
             detail: place.clone(),
         })?;
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: event_key(id, &place)?,
             event_type,
         }])

@@ -113,6 +113,7 @@ impl ProviderAdapter for Shopify {
                 detail: place.clone(),
             })?;
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: event_key(id, &place)?,
             event_type: header_str(req.headers, names.topic).map(str::to_owned),
         }])

@@ -130,6 +130,7 @@ impl ProviderAdapter for Slack {
                         detail: EVENT_ID_FIELD.to_owned(),
                     })?;
                 ExtractedEvent {
+                    fingerprint: None,
                     key: event_key(id, EVENT_ID_FIELD)?,
                     event_type: body
                         .pointer("/event/type")
@@ -149,6 +150,7 @@ impl ProviderAdapter for Slack {
                     _ => return Err(Rejection::MissingKey { detail: place }),
                 };
                 ExtractedEvent {
+                    fingerprint: None,
                     key,
                     event_type: payload
                         .get("type")
@@ -165,6 +167,7 @@ impl ProviderAdapter for Slack {
                         detail: TRIGGER_ID_FIELD.to_owned(),
                     })?;
                 ExtractedEvent {
+                    fingerprint: None,
                     key: event_key(trigger_id, TRIGGER_ID_FIELD)?,
                     event_type: Some(SLASH_COMMAND_TYPE.to_owned()),
                 }

@@ -150,6 +150,7 @@ impl ProviderAdapter for StandardWebhooks {
             .ok()
             .and_then(|body| body.get("type")?.as_str().map(str::to_owned));
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: event_key(id, &place)?,
             event_type,
         }])

@@ -72,6 +72,7 @@ impl ProviderAdapter for Stripe {
             detail: KEY_FIELD.to_owned(),
         })?;
         Ok(vec![ExtractedEvent {
+            fingerprint: None,
             key: event_key(&id, KEY_FIELD)?,
             event_type,
         }])

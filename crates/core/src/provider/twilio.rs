@@ -132,7 +132,11 @@ impl ProviderAdapter for Twilio {
             Some(token) => event_key(token, &format!("header {IDEMPOTENCY_HEADER}"))?,
             None => params.fallback_key()?,
         };
-        Ok(vec![ExtractedEvent { key, event_type }])
+        Ok(vec![ExtractedEvent {
+            key,
+            event_type,
+            fingerprint: None,
+        }])
     }
 
     /// Signs over `req.url` (without its fragment, which never reaches the server) and the

@@ -109,7 +109,13 @@ impl ProviderAdapter for WhatsApp {
                         Some(kind) => format!("message.{kind}"),
                         None => "message".to_owned(),
                     };
-                    push_unique(&mut events, &mut seen, id.to_owned(), event_type, &place)?;
+                    push_unique(
+                        &mut events,
+                        &mut seen,
+                        (id.to_owned(), event_type),
+                        message,
+                        &place,
+                    )?;
                 }
                 for (s, status) in statuses.iter().enumerate() {
                     let place = format!("{at}.statuses[{s}]");
@@ -118,8 +124,8 @@ impl ProviderAdapter for WhatsApp {
                     push_unique(
                         &mut events,
                         &mut seen,
-                        format!("{id}:{state}"),
-                        format!("status.{state}"),
+                        (format!("{id}:{state}"), format!("status.{state}")),
+                        status,
                         &place,
                     )?;
                 }
@@ -129,6 +135,7 @@ impl ProviderAdapter for WhatsApp {
         if itemless_field.is_some() || events.is_empty() {
             let key = format!("body:{}", hex::encode(sha256(req.body)));
             events.push(ExtractedEvent {
+                fingerprint: None,
                 key: event_key(&key, "body hash")?,
                 event_type: itemless_field.flatten(),
             });
@@ -204,16 +211,21 @@ fn text<'a>(item: &'a Value, field: &str, place: &str) -> Result<&'a str, Reject
         })
 }
 
+/// Adds the event `(key, type)` of `item` unless its key is there already. Its fingerprint is
+/// the item's own JSON: a retry may regroup a batch's items (or send one alone), and an item
+/// that comes again unchanged is a duplicate whatever came with it.
 fn push_unique(
     events: &mut Vec<ExtractedEvent>,
     seen: &mut HashSet<String>,
-    key: String,
-    event_type: String,
+    (key, event_type): (String, String),
+    item: &Value,
     place: &str,
 ) -> Result<(), Rejection> {
     let key = event_key(&key, place)?;
     if seen.insert(key.as_str().to_owned()) {
+        let item_json = serde_json::to_vec(item).expect("a JSON value serializes");
         events.push(ExtractedEvent {
+            fingerprint: Some(sha256(&item_json)),
             key,
             event_type: Some(event_type),
         });
@@ -265,6 +277,24 @@ mod tests {
             .collect();
         serde_json::to_vec(&json!({"object": "whatsapp_business_account", "entry": entries}))
             .unwrap()
+    }
+
+    /// A retry may regroup a batch's items: each item's fingerprint is its own JSON, so the
+    /// same item in another batch (or alone) is a duplicate of itself, and two items differ.
+    #[test]
+    fn an_items_fingerprint_is_its_own_whatever_it_comes_with() {
+        let empty = HeaderMap::new();
+        let events = |body: &[u8]| WhatsApp::default().extract(&request(&empty, body)).unwrap();
+        let (a, b) = (message("wamid.A", "text"), message("wamid.B", "text"));
+        let batch = delivery(&[vec![change(&[a, b.clone()], &[])]]);
+        let alone = delivery(&[vec![change(&[b], &[status("wamid.Z", "sent")])]]);
+        let (first, second) = (events(&batch), events(&alone));
+        assert_eq!(first[1].key.as_str(), "wamid.B");
+        assert_eq!(second[0].key.as_str(), "wamid.B");
+        assert!(first[1].fingerprint.is_some());
+        assert_eq!(first[1].fingerprint, second[0].fingerprint);
+        assert_ne!(first[0].fingerprint, first[1].fingerprint);
+        assert_ne!(second[0].fingerprint, second[1].fingerprint);
     }
 
     fn request<'a>(headers: &'a HeaderMap, body: &'a [u8]) -> InboundRequest<'a> {

@@ -6,7 +6,7 @@
 //! runs off this task, so a provider hanging up (which drops this future) leaves both or
 //! neither.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -368,7 +368,7 @@ async fn accept(
         request: record,
         events: events
             .into_iter()
-            .map(|e| NewEvent::new(e.key, e.event_type))
+            .map(|e| NewEvent::new(e.key, e.event_type).with_content(e.fingerprint))
             .collect(),
         destinations: source.destinations.clone(),
         retention: source.retention,
@@ -592,17 +592,25 @@ async fn ingest_with_keys(
         }
         Err(err) => return Err(Refused::KeyStore(err, Box::new(ingest.request))),
     };
+    // Each key's content hash: its event's own, or the body's.
+    let hashes: Vec<[u8; 32]> = ingest
+        .events
+        .iter()
+        .map(|e| ingest.content_sha256(e))
+        .collect();
     let mut claimed = Vec::new();
+    let mut claimed_hashes: BTreeMap<[u8; 32], Vec<EventKey>> = BTreeMap::new();
     let mut decided = Vec::with_capacity(states.len());
-    for (key, state) in event_keys.into_iter().zip(states) {
+    for ((key, state), hash) in event_keys.into_iter().zip(states).zip(hashes) {
         decided.push(match state {
             KeyState::Claimed => {
+                claimed_hashes.entry(hash).or_default().push(key.clone());
                 claimed.push(key);
                 Claim::New {
                     deliveries: Vec::new(),
                 }
             }
-            KeyState::Done(done) if done.body_sha256 == ingest.body_sha256 => Claim::Duplicate {
+            KeyState::Done(done) if done.body_sha256 == hash => Claim::Duplicate {
                 first_request: done.first_request,
                 first_seen: done.first_seen,
             },
@@ -619,7 +627,6 @@ async fn ingest_with_keys(
     let source = ingest.source.clone();
     let retention = ingest.retention;
     let first_seen = ingest.request.received_at;
-    let body_sha256 = ingest.body_sha256;
     let outcome = match store.ingest(ingest).await {
         Ok(outcome) => outcome,
         Err(err) => {
@@ -636,16 +643,24 @@ async fn ingest_with_keys(
         tokio::time::sleep(pause).await;
     }
     if !claimed.is_empty() {
-        let done = DoneKey {
-            first_request: outcome.request_id,
-            first_seen,
-            body_sha256,
-        };
-        match keys
-            .store
-            .complete(&source, &claimed, &token, done, retention)
-            .await
-        {
+        // One call per content hash: each key is kept done with its own event's.
+        let mut completed = Ok(0);
+        for (body_sha256, group) in &claimed_hashes {
+            let done = DoneKey {
+                first_request: outcome.request_id,
+                first_seen,
+                body_sha256: *body_sha256,
+            };
+            let result = keys
+                .store
+                .complete(&source, group, &token, done, retention)
+                .await;
+            completed = match (completed, result) {
+                (Ok(total), Ok(kept)) => Ok(total + kept),
+                (Err(err), _) | (_, Err(err)) => Err(err),
+            };
+        }
+        match completed {
             Ok(kept) if kept == claimed.len() => {}
             Ok(kept) => {
                 metrics::counter!("hooklatch_key_leases_lost_total", "source" => source.to_string())

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::task::{Context, Waker};
 use std::time::Duration;
 
+use hooklatch_core::store::NewEvent;
 use hooklatch_core::store::{DeliveryState, StoreStats, Verdict};
-use hooklatch_core::{Claim, KeyDecision, RequestId, Store};
+use hooklatch_core::{Claim, EventKey, KeyDecision, RequestId, Store, Timestamp};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
@@ -163,6 +164,62 @@ pub async fn another_body_under_the_same_key_is_a_conflict_and_queues_nothing<S:
             first_seen: T0
         },
         "a conflict does not take the claim over"
+    );
+}
+
+/// An event with a content hash of its own (an item of a batch, `NewEvent::content_sha256`)
+/// is told duplicate or conflict by that hash, not the body's: the same item regrouped with
+/// others into another body is a duplicate, another item under its key a conflict. Each
+/// event of one request is judged by its own.
+pub async fn an_event_with_its_own_content_hash_is_judged_by_it<S: Store>(store: S) {
+    // A request of `body` at `at`, carrying the items `(key, content)`.
+    let send = |body: &'static [u8], at: Timestamp, items: &[(&str, &[u8])]| {
+        let mut request = ingest(SOURCE, &[], body, at);
+        request.events = items
+            .iter()
+            .map(|(key, content)| {
+                NewEvent::new(EventKey::parse(key).expect("a key"), None)
+                    .with_content(Some(sha256(content)))
+            })
+            .collect();
+        ingest_ok(&store, request)
+    };
+    let first = send(b"[A, B]", T0, &[("wamid.a", b"A"), ("wamid.b", b"B")]).await;
+    assert_eq!(first.verdict(), Verdict::Accepted);
+    let duplicate_of_first = Claim::Duplicate {
+        first_request: first.request_id,
+        first_seen: T0,
+    };
+
+    // B again beside a new C, in a body of their own: B a duplicate, C new.
+    let second = send(b"[B, C]", at(10), &[("wamid.b", b"B"), ("wamid.c", b"C")]).await;
+    assert_eq!(second.claims[0].1, duplicate_of_first);
+    assert!(
+        matches!(second.claims[1].1, Claim::New { .. }),
+        "{second:?}"
+    );
+
+    // B alone (a request of one event, which a store may batch with others): a duplicate.
+    let fourth = send(b"[B] again", at(15), &[("wamid.b", b"B")]).await;
+    assert_eq!(fourth.claims[0].1, duplicate_of_first);
+    // History says so too.
+    for (outcome, verdict) in [(&second, Verdict::Accepted), (&fourth, Verdict::Duplicate)] {
+        let detail = store
+            .get_request(outcome.request_id)
+            .await
+            .expect("get_request")
+            .expect("in history");
+        assert_eq!(detail.summary.verdict, verdict);
+    }
+
+    // A under its key with other content: a conflict, reported with A's hash.
+    let third = send(b"[A']", at(20), &[("wamid.a", b"A'")]).await;
+    assert_eq!(
+        third.claims[0].1,
+        Claim::Conflict {
+            first_request: first.request_id,
+            first_body_sha256: sha256(b"A")
+        }
     );
 }
 

@@ -74,6 +74,7 @@ pub fn ingest(source: &str, keys: &[&str], body: &[u8], received_at: Timestamp) 
             .map(|key| NewEvent {
                 key: EventKey::parse(key).expect("test keys are valid"),
                 event_type: Some(EVENT_TYPE.to_owned()),
+                content_sha256: None,
             })
             .collect(),
         destinations: DESTINATIONS.iter().map(|d| (*d).to_owned()).collect(),
