@@ -30,7 +30,7 @@ use axum::Router;
 use hooklatch_core::{KeyStore, ProviderAdapter, Secret, SourceName, Store};
 use tokio::sync::Notify;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
-use tower_http::trace::{DefaultMakeSpan, DefaultOnRequest, DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnRequest, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 pub use disabled::{DisabledDestinations, Reloaded};
@@ -131,11 +131,24 @@ pub fn admin_router(state: Arc<AdminState>) -> Router {
     routes::admin_router(state).layer(trace_layer())
 }
 
-/// One span per request, at debug level, naming method and path only (no headers: they carry
-/// signatures and tokens).
-fn trace_layer() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>> {
+/// One span per request, at debug level, naming method and path only: no headers (they carry
+/// signatures and tokens) and no query string (Meta's subscription check carries the verify
+/// token there, a Twilio voice webhook its caller's details).
+fn trace_layer() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>, SpanOf> {
     TraceLayer::new_for_http()
-        .make_span_with(DefaultMakeSpan::new().level(Level::DEBUG))
+        .make_span_with(span_of as SpanOf)
         .on_request(DefaultOnRequest::new().level(Level::DEBUG))
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+}
+
+/// How a request's span is made ([`trace_layer`]).
+type SpanOf = fn(&axum::http::Request<axum::body::Body>) -> tracing::Span;
+
+fn span_of(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
+    tracing::debug_span!(
+        "request",
+        method = %request.method(),
+        path = %request.uri().path(),
+        version = ?request.version()
+    )
 }

@@ -323,6 +323,15 @@ async fn handshakes_are_answered_as_each_provider_expects_and_claim_nothing() {
     assert_eq!(res.status(), 200);
     let answer: serde_json::Value = res.json().await.unwrap();
     assert_eq!(answer, json!({"type": 1}));
+    // Discord's Webhook Events PING (their own URL, the same source): 204, no body.
+    let body = br#"{"version":1,"application_id":"42","type":0}"#;
+    let headers = sign(discord.as_ref(), seed, body, now);
+    let res = ingest
+        .send("p-discord", &headers, body.to_vec())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    assert!(res.bytes().await.unwrap().is_empty());
 
     // Slack's slash-command certificate check: unsigned by design, an empty 200. Any other
     // unsigned form post is refused as before.
@@ -342,7 +351,29 @@ async fn handshakes_are_answered_as_each_provider_expects_and_claim_nothing() {
     }
 
     let handshakes = gateway.requests("verdict=handshake").await;
-    assert_eq!(handshakes.len(), 4, "{handshakes:?}");
+    assert_eq!(handshakes.len(), 5, "{handshakes:?}");
+    // The verify token is the source's secret: history keeps the check without it, and the
+    // refused guess too.
+    let checks: Vec<&serde_json::Value> = handshakes
+        .iter()
+        .filter(|r| r["source"] == "p-whatsapp")
+        .collect();
+    assert_eq!(checks.len(), 1, "{handshakes:?}");
+    let mut checked = 0;
+    for request in gateway.requests("source=p-whatsapp").await {
+        let id = request["id"].as_str().unwrap();
+        let (_, detail) = gateway.admin_get(&format!("/v1/requests/{id}")).await;
+        let path = detail["path"].as_str().unwrap_or_default().to_owned();
+        if path.contains("hub.mode") {
+            assert!(path.contains("hub.verify_token=***&"), "{path}");
+            assert!(
+                !path.contains("meta-verify") && !path.contains("nope"),
+                "{path}"
+            );
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 2, "the check and the refused guess");
     assert!(
         gateway.deliveries("").await.is_empty(),
         "handshakes queue nothing"

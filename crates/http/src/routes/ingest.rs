@@ -294,6 +294,28 @@ async fn check(
     }
 }
 
+/// `path_and_query` with the value of every `hub.verify_token` parameter replaced by `***`:
+/// Meta's subscription check sends the source's configured `verify_token` in the query, and
+/// history, exports and the admin API keep no secret. Anything else stays byte-exact.
+fn without_verify_token(path_and_query: &str) -> String {
+    let Some((path, query)) = path_and_query.split_once('?') else {
+        return path_and_query.to_owned();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if is_verify_token(name) => format!("{name}=***"),
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", query.join("&"))
+}
+
+/// `hub.verify_token`, as written or with its dot percent-encoded (`hub%2Everify_token`).
+fn is_verify_token(name: &str) -> bool {
+    name.eq_ignore_ascii_case("hub.verify_token") || name.eq_ignore_ascii_case("hub%2Everify_token")
+}
+
 /// The history record of a request as received (the body is filled in once read).
 fn request_record(parts: &Parts, source_name: &str) -> RequestRecord {
     RequestRecord {
@@ -303,7 +325,7 @@ fn request_record(parts: &Parts, source_name: &str) -> RequestRecord {
         path: parts
             .uri
             .path_and_query()
-            .map(|p| p.to_string())
+            .map(|p| without_verify_token(p.as_str()))
             .unwrap_or_default(),
         peer: parts
             .extensions
