@@ -921,7 +921,9 @@ pub trait Store: Send + Sync + 'static {
     async fn undecided_conflicts(&self) -> Result<u64, StoreError>;
 
     /// Removes claims whose retention ended before `now`, and history received before
-    /// `history_before` whose deliveries are all finished. Works in bounded batches.
+    /// `history_before` whose deliveries are all delivered: a pending delivery, or one in the
+    /// dead-letter (it stays there until an operator retries it), keeps its request. Works in
+    /// bounded batches.
     async fn purge(&self, now: Timestamp, history_before: Timestamp) -> Result<Purged, StoreError>;
 
     /// Counts for metrics. Counting the claims reads every claim held, work that grows with

@@ -311,7 +311,7 @@ pub(crate) async fn purge_requests(
     let ids: Vec<i64> = sqlx::query(
         "SELECT r.id FROM requests r
          WHERE r.received_at < $1
-           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
+           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state IN ('pending', 'dead'))
            AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)
          ORDER BY r.received_at LIMIT $2
          FOR UPDATE OF r SKIP LOCKED",
@@ -331,7 +331,7 @@ pub(crate) async fn purge_requests(
         "WITH victims AS (
             SELECT r.id FROM requests r
             WHERE r.id = ANY($1)
-              AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
+              AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state IN ('pending', 'dead'))
               AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)),
          gone_attempts AS (
             DELETE FROM attempts a USING deliveries d, victims v

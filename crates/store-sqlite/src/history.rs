@@ -341,7 +341,7 @@ pub(crate) fn purge_claims(conn: &Connection, now: Timestamp, limit: u64) -> rus
     Ok(n as u64)
 }
 
-/// Removes old requests whose deliveries are all finished, with those deliveries' attempts.
+/// Removes old requests whose deliveries are all delivered, with those deliveries' attempts.
 /// A request whose event is still claimed is kept: a claim points at its request.
 pub(crate) fn purge_requests(
     conn: &Connection,
@@ -360,13 +360,14 @@ pub(crate) fn purge_requests(
     Ok(n as u64)
 }
 
-/// The requests a purge batch removes: old, nothing pending, not pointed at by a claim. Oldest
+/// The requests a purge batch removes: old, nothing pending or dead-lettered (a dead delivery
+/// stays until an operator retries it), not pointed at by a claim. Oldest
 /// first by `received_at`, so that only old requests are read (in id order, a purge with
 /// nothing old to remove read every request there is).
 const PURGE_CANDIDATES: &str = "INSERT INTO temp.purge_ids (id)
     SELECT r.id FROM requests r
     WHERE r.received_at < ?1
-      AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state = 'pending')
+      AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.request_id = r.id AND d.state IN ('pending', 'dead'))
       AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.request_id = r.id)
     ORDER BY r.received_at LIMIT ?2";
 

@@ -563,12 +563,13 @@ impl State {
         self.claims.retain(|_, claim| claim.expires_at > now);
         let purged_claims = (n_claims - self.claims.len()) as u64;
 
-        // Kept: requests still pointed at by a claim, and those with a delivery still to make.
+        // Kept: requests still pointed at by a claim, and those with a delivery still to make
+        // or dead-lettered (it stays until an operator retries it).
         let mut kept: HashSet<RequestId> = self.claims.values().map(|c| c.request_id).collect();
         kept.extend(
             self.deliveries
                 .values()
-                .filter(|d| d.state == DeliveryState::Pending)
+                .filter(|d| matches!(d.state, DeliveryState::Pending | DeliveryState::Dead))
                 .map(|d| d.request_id),
         );
         let purged: HashSet<i64> = self

@@ -490,8 +490,10 @@ pub async fn purge_removes_old_finished_history_with_its_deliveries<S: Store>(st
         res.retention = hour;
         res
     };
-    // Finished (one delivered, one dead) and its claim expires: purged.
+    // Delivered and its claim expires: purged.
     let finished = ingest_ok(&store, short("evt_finished", T0)).await;
+    // Dead-lettered (one delivered, one dead), its claim expires: kept, for an operator.
+    let dead = ingest_ok(&store, short("evt_dead", T0)).await;
     // Still pending, its claim expires: kept for its delivery.
     let pending = ingest_ok(&store, short("evt_pending", T0)).await;
     let rejected = store
@@ -507,10 +509,14 @@ pub async fn purge_removes_old_finished_history_with_its_deliveries<S: Store>(st
     let recent = ingest_ok(&store, short("evt_recent", at(7200))).await;
 
     let finished_rows = new_deliveries(&finished);
+    let dead_rows = new_deliveries(&dead);
     let claimed_rows = new_deliveries(&claimed);
     lease_all(&store, at(2)).await;
-    record(&store, finished_rows[0], at(3), AttemptNext::Delivered).await;
-    record(&store, finished_rows[1], at(3), AttemptNext::DeadLetter).await;
+    for id in &finished_rows {
+        record(&store, *id, at(3), AttemptNext::Delivered).await;
+    }
+    record(&store, dead_rows[0], at(3), AttemptNext::Delivered).await;
+    record(&store, dead_rows[1], at(3), AttemptNext::DeadLetter).await;
     for id in &claimed_rows {
         record(&store, *id, at(3), AttemptNext::Delivered).await;
     }
@@ -523,13 +529,15 @@ pub async fn purge_removes_old_finished_history_with_its_deliveries<S: Store>(st
     assert_eq!(
         purged,
         Purged {
-            claims: 2,
+            claims: 3,
             requests: 3
         },
-        "claims of evt_finished and evt_pending; the finished, rejected and duplicate requests"
+        "claims of evt_finished, evt_dead and evt_pending; the finished, rejected and duplicate \
+         requests"
     );
     for (id, kept) in [
         (finished.request_id, false),
+        (dead.request_id, true),
         (pending.request_id, true),
         (rejected, false),
         (claimed.request_id, true),
@@ -543,13 +551,19 @@ pub async fn purge_removes_old_finished_history_with_its_deliveries<S: Store>(st
     for id in &finished_rows {
         assert!(!remaining.contains(id), "{id} went with its request");
     }
-    assert_eq!(remaining.len(), 3 * DESTINATIONS.len());
+    for id in &dead_rows {
+        assert!(
+            remaining.contains(id),
+            "{id} stayed with its dead-lettered sibling"
+        );
+    }
+    assert_eq!(remaining.len(), 4 * DESTINATIONS.len());
     let stats = store.stats().await.expect("stats");
     assert_eq!(
         stats,
         StoreStats {
             pending: 4,
-            dead: 0,
+            dead: 1,
             claims: 2
         }
     );
