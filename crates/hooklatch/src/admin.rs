@@ -222,11 +222,16 @@ impl AdminClient {
         }
         let transport = |source: reqwest::Error| AdminError::Transport {
             base: self.base.clone(),
-            hint: if source.is_connect() {
-                " (nothing answers there: is the gateway running, and is that its \
-                 server.admin_listen? --config FILE reads it, --admin URL names it)"
-            } else {
-                ""
+            hint: match (source.is_connect(), untrusted(&source)) {
+                (_, true) => {
+                    " (its TLS certificate is not one this command trusts: --ca-file FILE \
+                     names the CA that signed it)"
+                }
+                (true, false) => {
+                    " (nothing answers there: is the gateway running, and is that its \
+                     server.admin_listen? --config FILE reads it, --admin URL names it)"
+                }
+                (false, false) => "",
             },
             source,
         };
@@ -235,12 +240,17 @@ impl AdminClient {
         let bytes = res.bytes().await.map_err(transport)?;
         let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         if status == 404 {
-            // The API's own "no such request/delivery" is an answer. Any other 404 — a route
-            // this server does not have — means `--admin` names something else: the ingest
-            // listener, another service. Reading that as "nothing there" would report an
-            // empty dead-letter to a monitoring script.
+            // The API's own "no such request, delivery or destination" is an answer. Any other
+            // 404 — a route this server does not have — means `--admin` names something else:
+            // the ingest listener, another service. Reading that as "nothing there" would
+            // report an empty dead-letter to a monitoring script.
             let message = value["message"].as_str().unwrap_or_default();
-            if value["code"] == "not_found" && !message.starts_with(hooklatch_http::NO_ROUTE) {
+            let answered = match value["code"].as_str() {
+                Some("not_found") => !message.starts_with(hooklatch_http::NO_ROUTE),
+                Some(_) => true,
+                None => false,
+            };
+            if answered {
                 return Ok(None);
             }
             return Err(AdminError::NotTheAdminApi {
@@ -478,4 +488,15 @@ impl AdminClient {
         }
         Ok((captures, skipped))
     }
+}
+/// Whether `err` (or what it wraps) is a certificate the client refused.
+fn untrusted(err: &reqwest::Error) -> bool {
+    let mut source: Option<&dyn std::error::Error> = Some(err);
+    while let Some(e) = source {
+        if e.to_string().contains("certificate") {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }

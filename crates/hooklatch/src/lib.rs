@@ -461,7 +461,8 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     ready.store(true, Ordering::Release);
     tracing::info!(listen = %settings.listen, admin = %settings.admin_listen, "hooklatch is ready");
     tracing::info!(
-        "web inspector: http://{}/ui/ (with the admin token)",
+        "web inspector: {}://{}/ui/ (with the admin token)",
+        if settings.admin_tls { "https" } else { "http" },
         settings.admin_listen
     );
     cancel.cancelled().await;

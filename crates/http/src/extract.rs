@@ -86,6 +86,33 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     }
 }
 
+/// A body as bytes, refused as [`ApiJson`] refuses one: 413 `body_too_large` over the route's
+/// limit, else 400 `invalid_body` (axum's own answers are plain text).
+pub(crate) struct ApiBytes(pub bytes::Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for ApiBytes {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        bytes::Bytes::from_request(req, state)
+            .await
+            .map(ApiBytes)
+            .map_err(|rejection| body_error(rejection.status(), &rejection.body_text()))
+    }
+}
+
+/// 413 `body_too_large` when axum refused a body over the limit, else 400 `invalid_body`.
+fn body_error(status: StatusCode, text: &str) -> ApiError {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return ApiError::new(
+            status,
+            "body_too_large",
+            "the body is larger than this route takes",
+        );
+    }
+    invalid_body(format!("the body: {}", reason(text)))
+}
+
 fn json_error(rejection: JsonRejection) -> ApiError {
     match rejection {
         JsonRejection::MissingJsonContentType(_) => ApiError::new(
@@ -93,7 +120,7 @@ fn json_error(rejection: JsonRejection) -> ApiError {
             "unsupported_media_type",
             "the body must be JSON, sent with Content-Type: application/json",
         ),
-        other => invalid_body(format!("the body: {}", reason(&other.body_text()))),
+        other => body_error(other.status(), &other.body_text()),
     }
 }
 

@@ -40,6 +40,15 @@ async fn admin_verbs_pointed_at_the_ingest_listener_fail_and_say_so() {
         stderr.contains("nothing answers there: is the gateway running"),
         "{stderr}"
     );
+    // A destination that is not there is said to be missing, not the address wrong.
+    for verb in ["disable", "enable"] {
+        let (code, stderr) = run(&["destinations", verb, "nope"], &gw.admin_url());
+        assert_ne!(code, Some(0), "{stderr}");
+        assert!(
+            stderr.contains("destination \"nope\" not found on the gateway"),
+            "{verb}: {stderr}"
+        );
+    }
     // A delivery that is not there is named once.
     let (code, stderr) = run(&["dlq", "retry", "dlv_999"], &gw.admin_url());
     assert_eq!(code, Some(1), "{stderr}");

@@ -356,6 +356,10 @@ url = "sqlite://{db}"
     .await;
     let untrusted = admin_verb(false);
     assert_eq!(untrusted.status.code(), Some(2));
+    // It says the certificate is the trouble, not that nothing answers.
+    let said = String::from_utf8_lossy(&untrusted.stderr);
+    assert!(said.contains("--ca-file FILE names the CA"), "{said}");
+    assert!(!said.contains("nothing answers there"), "{said}");
     let plain = reqwest::Client::new()
         .get(format!("http://127.0.0.1:{admin}/healthz"))
         .timeout(Duration::from_secs(10))

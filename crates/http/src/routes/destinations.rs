@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -16,7 +15,7 @@ use hooklatch_core::store::DisabledDestination;
 use hooklatch_core::Timestamp;
 use serde_json::{json, Value};
 
-use crate::extract::{optional_reason, PathText};
+use crate::extract::{optional_reason, ApiBytes, PathText};
 use crate::{AdminState, ApiError};
 
 fn destination_json(name: &str, kind: &str, disabled: Option<&DisabledDestination>) -> Value {
@@ -61,7 +60,7 @@ pub(crate) async fn list(State(state): State<Arc<AdminState>>) -> Result<Json<Va
 pub(crate) async fn disable(
     State(state): State<Arc<AdminState>>,
     PathText(name): PathText,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<Json<Value>, ApiError> {
     let reason = optional_reason(&body)?;
     let kind = kind_of(&state, &name)?;

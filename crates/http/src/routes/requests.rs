@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -15,7 +14,7 @@ use hooklatch_core::{RequestId, Timestamp};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::extract::{invalid_body, optional_reason, ApiJson, ApiQuery, PathText};
+use crate::extract::{invalid_body, optional_reason, ApiBytes, ApiJson, ApiQuery, PathText};
 use crate::{AdminState, ApiError};
 
 /// Page size when none is asked for, and the most one page may hold.
@@ -131,7 +130,7 @@ pub(crate) struct RedeliverBody {
 pub(crate) async fn redeliver(
     State(state): State<Arc<AdminState>>,
     PathText(id): PathText,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     // The body is optional: none, or `{"destination": "…"}` (its content type not required).
     let body: RedeliverBody = if body.iter().all(u8::is_ascii_whitespace) {
@@ -214,7 +213,7 @@ pub(crate) async fn redeliver(
 pub(crate) async fn dismiss(
     State(state): State<Arc<AdminState>>,
     PathText(id): PathText,
-    body: Bytes,
+    ApiBytes(body): ApiBytes,
 ) -> Result<Json<Value>, ApiError> {
     let reason = optional_reason(&body)?;
     let id = RequestId::parse(&id).ok_or_else(|| ApiError::not_found("no such request"))?;
