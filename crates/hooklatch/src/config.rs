@@ -1448,6 +1448,14 @@ fn resolve(
             .enumerate()
             .map(|(j, s)| read_secret(&format!("{key}.secrets[{j}]"), s, env, base_dir))
             .collect::<Result<Vec<_>, _>>()?;
+        // A `whsec_` secret that does not decode would verify nothing, silently. (A Discord
+        // source verifies with its public key; its secrets are not read.)
+        for (j, secret) in secrets.iter().enumerate() {
+            if adapter.provider() == "standard-webhooks" {
+                crate::fixtures::secret_shape(adapter.provider(), secret)
+                    .map_err(|why| err(format!("{key}.secrets[{j}]"), why))?;
+            }
+        }
         for (j, dest) in rs.destinations.iter().enumerate() {
             if !destinations.iter().any(|d| &d.name == dest) {
                 return Err(err(
@@ -2397,6 +2405,18 @@ tolerance = "30s"
               path with two underscores (HOOKLATCH_STORE__URL)"
             ]
         );
+    }
+
+    #[test]
+    fn a_standard_webhooks_secret_that_does_not_decode_is_refused() {
+        let toml = "[[sources]]\nname = \"svix\"\nprovider = \"standard-webhooks\"\nsecrets = [\"whsec_local_development_only\"]\n";
+        check_err(
+            toml,
+            &[],
+            "sources[0].secrets[0]: a standard-webhooks secret that starts with whsec_ is base64",
+        );
+        let msg = load_str(toml, &env(&[TOKEN])).unwrap_err().to_string();
+        assert!(!msg.contains("local_development_only"), "{msg}");
     }
 
     #[test]
