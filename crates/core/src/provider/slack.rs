@@ -122,20 +122,33 @@ impl ProviderAdapter for Slack {
 
     fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection> {
         let event = match classify(req.body)? {
+            // A body Slack sends with no event at all (`app_rate_limited`) has no `event_id`:
+            // keyed by the body, so it is taken, not refused. An event callback must have one.
             Body::Events(body) => {
-                let id = body
-                    .get("event_id")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| Rejection::MissingKey {
-                        detail: EVENT_ID_FIELD.to_owned(),
-                    })?;
-                ExtractedEvent {
-                    fingerprint: None,
-                    key: event_key(id, EVENT_ID_FIELD)?,
-                    event_type: body
-                        .pointer("/event/type")
+                let kind = body.get("type").and_then(Value::as_str);
+                let eventless = body.get("event_id").is_none()
+                    && kind.is_some_and(|k| k != "event_callback" && k != "url_verification");
+                if eventless {
+                    ExtractedEvent {
+                        fingerprint: None,
+                        key: body_key(req.body)?,
+                        event_type: kind.map(str::to_owned),
+                    }
+                } else {
+                    let id = body
+                        .get("event_id")
                         .and_then(Value::as_str)
-                        .map(str::to_owned),
+                        .ok_or_else(|| Rejection::MissingKey {
+                            detail: EVENT_ID_FIELD.to_owned(),
+                        })?;
+                    ExtractedEvent {
+                        fingerprint: None,
+                        key: event_key(id, EVENT_ID_FIELD)?,
+                        event_type: body
+                            .pointer("/event/type")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                    }
                 }
             }
             Body::Interactive(payload) => {
@@ -147,6 +160,10 @@ impl ProviderAdapter for Slack {
                     Some(Value::Number(n)) if n.is_i64() || n.is_u64() => {
                         event_key(&n.to_string(), &place)?
                     }
+                    // Some payloads carry no `trigger_id` by design (`view_closed`,
+                    // `block_suggestion`): keyed by the body rather than refused, which Slack
+                    // counts as a failure. A pointer the operator chose must find its key.
+                    None if self.interactive_key.is_none() => body_key(req.body)?,
                     _ => return Err(Rejection::MissingKey { detail: place }),
                 };
                 ExtractedEvent {
@@ -256,6 +273,13 @@ fn classify(body: &[u8]) -> Result<Body<'_>, Rejection> {
         Some((_, payload)) => parse_json(payload.as_bytes()).map(Body::Interactive),
         None => Ok(Body::SlashCommand(fields)),
     }
+}
+
+/// `body:` and the body's SHA-256, for a payload that carries no key of its own: a retry
+/// sends the same bytes.
+fn body_key(body: &[u8]) -> Result<crate::EventKey, Rejection> {
+    let key = format!("body:{}", hex::encode(crate::secret::sha256(body)));
+    event_key(&key, "the body's hash")
 }
 
 #[cfg(test)]
@@ -630,7 +654,20 @@ mod tests {
         let missing = Err(Rejection::MissingKey {
             detail: "payload pointer /trigger_id".to_owned(),
         });
-        assert_eq!(extract(&interactive(r#"{"type":"view_closed"}"#)), missing);
+        // No trigger_id by design (view_closed, block_suggestion): keyed by the body.
+        let closed = interactive(r#"{"type":"view_closed"}"#);
+        check_key(
+            &closed,
+            &format!("body:{}", hex::encode(crate::secret::sha256(&closed))),
+            Some("view_closed"),
+        );
+        // An Events API body without an event (app_rate_limited): keyed by the body too.
+        let limited = br#"{"token":"t","type":"app_rate_limited","team_id":"T1","minute_rate_limited":1518467820,"api_app_id":"A1"}"#;
+        check_key(
+            limited,
+            &format!("body:{}", hex::encode(crate::secret::sha256(limited))),
+            Some("app_rate_limited"),
+        );
         assert_eq!(
             extract(&interactive(r#"{"type":"x","trigger_id":1.5}"#)),
             missing
