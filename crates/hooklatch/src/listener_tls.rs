@@ -66,6 +66,19 @@ impl ListenerTls {
     /// Reads the files again and, if they load, serves them from the next handshake on.
     pub(crate) fn reload(&self) -> anyhow::Result<()> {
         let fresh = Arc::new(load(&self.settings)?);
+        let in_use = self
+            .current
+            .0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let now = hooklatch_core::Timestamp::now().as_millis() / 1000;
+        if expired_replacement(not_after(&fresh), not_after(&in_use), now) {
+            anyhow::bail!(
+                "the certificate in {} has expired, and the one in use has not",
+                self.settings.cert_file.display()
+            );
+        }
         report_expiry(&fresh);
         *self
             .current
@@ -103,6 +116,19 @@ impl ListenerTls {
         });
         Ok(())
     }
+}
+
+/// The leaf certificate's `notAfter` (unix seconds), when it parses.
+fn not_after(key: &CertifiedKey) -> Option<i64> {
+    let leaf = key.cert.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
+/// Whether a reload would swap a certificate still valid at `now` for one already expired
+/// (an old file put back by mistake): refused, the one in use stays.
+fn expired_replacement(fresh: Option<i64>, in_use: Option<i64>, now: i64) -> bool {
+    matches!((fresh, in_use), (Some(fresh), Some(in_use)) if fresh <= now && in_use > now)
 }
 
 /// How long before its certificate's expiry the gateway starts warning.
@@ -145,4 +171,27 @@ fn report_expiry(key: &CertifiedKey) {
 fn load(settings: &ServerTls) -> anyhow::Result<CertifiedKey> {
     let env: HashMap<String, String> = std::env::vars().collect();
     Ok(settings.certified_key(&env)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_expired_certificate_does_not_replace_a_valid_one() {
+        let now = 1_800_000_000;
+        assert!(expired_replacement(Some(now - 1), Some(now + 86_400), now));
+        assert!(
+            !expired_replacement(Some(now + 3_600), Some(now + 86_400), now),
+            "renewed"
+        );
+        assert!(
+            !expired_replacement(Some(now - 1), Some(now - 86_400), now),
+            "both expired"
+        );
+        assert!(
+            !expired_replacement(None, Some(now + 86_400), now),
+            "unparsed: loaded as before"
+        );
+    }
 }
