@@ -188,7 +188,7 @@ impl Rejection {
                 if *skew_secs < 0 { "before" } else { "after" }
             ),
             Rejection::InvalidJson { detail } => format!("body is not valid JSON: {detail}"),
-            Rejection::InvalidVerifyToken => "verify token does not match".to_owned(),
+            Rejection::InvalidVerifyToken => "the subscription check failed: hub.verify_token does not match, or hub.mode is not subscribe, or hub.challenge is missing".to_owned(),
             Rejection::MissingKey { detail } => format!("no event key: {detail}"),
         }
     }
