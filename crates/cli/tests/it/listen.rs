@@ -104,6 +104,16 @@ impl Listener {
         }
     }
 
+    /// Waits for the process to end by itself: its exit status and output.
+    async fn exit(mut self) -> (std::process::ExitStatus, String) {
+        tokio::task::spawn_blocking(move || {
+            let status = self.child.wait().expect("waiting for hooklatch listen");
+            (status, self.output())
+        })
+        .await
+        .expect("waiting for hooklatch listen")
+    }
+
     pub(crate) fn output(&self) -> String {
         std::fs::read_to_string(&self.out).unwrap_or_default()
     }
@@ -367,26 +377,17 @@ async fn listen_refusals_have_a_status_and_a_code() {
 
     // The CLI with a wrong token stops at once with status 2, the token unprinted.
     let wrong = "wrong-listen-token-0123456789";
-    let mut listener = Listener::start(&gw, wrong, "http://127.0.0.1:9/unused");
-    let status = tokio::task::spawn_blocking(move || {
-        let status = listener.child.wait().expect("waiting for hooklatch listen");
-        (status, listener.output())
-    })
-    .await
-    .unwrap();
+    let status = Listener::start(&gw, wrong, "http://127.0.0.1:9/unused")
+        .exit()
+        .await;
     assert_eq!(status.0.code(), Some(2), "{}", status.1);
     assert!(status.1.contains("401"), "{}", status.1);
     assert!(!status.1.contains(wrong), "{}", status.1);
 
     // Pointed at the admin API, it says which listener to point at.
-    let mut listener =
-        Listener::start_at(&gw.admin_url(), &[], LISTEN_TOKEN, "http://127.0.0.1:9/");
-    let status = tokio::task::spawn_blocking(move || {
-        let status = listener.child.wait().expect("waiting for hooklatch listen");
-        (status, listener.output())
-    })
-    .await
-    .unwrap();
+    let status = Listener::start_at(&gw.admin_url(), &[], LISTEN_TOKEN, "http://127.0.0.1:9/")
+        .exit()
+        .await;
     assert_eq!(status.0.code(), Some(2), "{}", status.1);
     assert!(
         status
