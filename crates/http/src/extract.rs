@@ -172,6 +172,50 @@ mod tests {
 
     use super::bearer_token;
 
+    /// A body over a route's limit is refused as the API refuses everything: 413 with a JSON
+    /// `code`, whether the route reads bytes or JSON (axum's own answer is plain text). In
+    /// process, so the client never races the connection's close.
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_a_json_413_on_every_kind_of_route() {
+        use axum::extract::DefaultBodyLimit;
+        use axum::routing::post;
+        use tower::ServiceExt;
+
+        use super::{ApiBytes, ApiJson};
+
+        let app = axum::Router::new()
+            .route(
+                "/bytes",
+                post(|ApiBytes(body): ApiBytes| async move { body.len().to_string() }),
+            )
+            .route(
+                "/json",
+                post(|ApiJson(v): ApiJson<serde_json::Value>| async move { v.to_string() }),
+            )
+            .layer(DefaultBodyLimit::max(64));
+        for path in ["/bytes", "/json"] {
+            let big = format!("{{\"reason\": \"{}\"}}", "x".repeat(1024));
+            let request = axum::http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(big))
+                .expect("a request");
+            let answer = app.clone().oneshot(request).await.expect("an answer");
+            assert_eq!(answer.status(), 413, "{path}");
+            let body = axum::body::to_bytes(answer.into_body(), 4096)
+                .await
+                .unwrap();
+            let json: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+            assert_eq!(json["code"], "body_too_large", "{path}: {json}");
+
+            let small = axum::http::Request::post(path)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from("{}"))
+                .expect("a request");
+            let answer = app.clone().oneshot(small).await.expect("an answer");
+            assert_eq!(answer.status(), 200, "{path}");
+        }
+    }
+
     fn token_of(value: &[u8]) -> Option<String> {
         let mut headers = HeaderMap::new();
         headers.insert(
