@@ -1124,13 +1124,9 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
 }
 
 fn listen(args: ListenArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+    // Both flags were checked as http(s) URLs when parsed (`http_url`).
     let url = |flag: &str, text: &str| -> anyhow::Result<reqwest::Url> {
-        let url = reqwest::Url::parse(text).with_context(|| format!("{flag} {text:?}"))?;
-        anyhow::ensure!(
-            matches!(url.scheme(), "http" | "https"),
-            "{flag} must be an http:// or https:// URL"
-        );
-        Ok(url)
+        reqwest::Url::parse(text).with_context(|| format!("{flag} {text:?}"))
     };
     let gateway = url("--gateway", &args.gateway)?;
     anyhow::ensure!(

@@ -27,7 +27,7 @@
 //! Portal, signed the same way), told apart by their shape: an outer `version`,
 //! `application_id` and `type` with no interaction `id` or `token`. Their PING (`type` 0) is a
 //! handshake answered 204 with no body; an event (`type` 1, `event{type, timestamp, data}`)
-//! carries no id, so its key is `event:` and the SHA-256 of the body (a retry sends the same
+//! carries no id, so its key is `body:` and the SHA-256 of the body (a retry sends the same
 //! bytes), its type `event.type`, and it is acknowledged 204 with no body.
 
 use std::time::Duration;
@@ -36,8 +36,8 @@ use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde_json::{json, Value};
 
 use crate::provider::{
-    check_tolerance, event_key, header_str, malformed, parse_json, ExtractedEvent, InboundRequest,
-    ProviderAdapter, ProviderReply, Rejection, SignRequest,
+    body_key, check_tolerance, event_key, header_str, malformed, parse_json, ExtractedEvent,
+    InboundRequest, ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::Secret;
 
@@ -118,14 +118,13 @@ impl ProviderAdapter for Discord {
     fn extract(&self, req: &InboundRequest<'_>) -> Result<Vec<ExtractedEvent>, Rejection> {
         let body = parse_json(req.body)?;
         if is_webhook_event(&body) {
-            let key = format!("event:{}", hex::encode(crate::secret::sha256(req.body)));
             let event_type = body
                 .pointer("/event/type")
                 .and_then(Value::as_str)
                 .map_or_else(|| "webhook_event".to_owned(), str::to_owned);
             return Ok(vec![ExtractedEvent {
                 fingerprint: None,
-                key: event_key(&key, "the body's hash")?,
+                key: body_key(req.body)?,
                 event_type: Some(event_type),
             }]);
         }
@@ -304,7 +303,7 @@ mod tests {
         assert_eq!(events.len(), 1);
         assert_eq!(
             events[0].key.as_str(),
-            format!("event:{}", hex::encode(crate::secret::sha256(event)))
+            format!("body:{}", hex::encode(crate::secret::sha256(event)))
         );
         assert_eq!(
             events[0].event_type.as_deref(),

@@ -332,6 +332,14 @@ pub(crate) fn parse_json(body: &[u8]) -> Result<serde_json::Value, Rejection> {
 }
 
 /// Wraps a key, mapping an unusable one to [`Rejection::MissingKey`].
+/// `body:` and the body's SHA-256: the key of a payload that carries none of its own
+/// (WhatsApp's itemless changes, Slack's `app_rate_limited`, Discord's Webhook Events). A
+/// provider's retry sends the same bytes, so it finds the same key.
+pub(crate) fn body_key(body: &[u8]) -> Result<EventKey, Rejection> {
+    let key = format!("body:{}", hex::encode(crate::secret::sha256(body)));
+    event_key(&key, "the body's hash")
+}
+
 pub(crate) fn event_key(raw: &str, place: &str) -> Result<EventKey, Rejection> {
     EventKey::parse(raw).map_err(|err| Rejection::MissingKey {
         detail: format!("{place} {err}"),

@@ -27,8 +27,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::provider::{
-    check_tolerance, event_key, header_str, malformed, parse_json, ExtractedEvent, InboundRequest,
-    ProviderAdapter, ProviderReply, Rejection, SignRequest,
+    body_key, check_tolerance, event_key, header_str, malformed, parse_json, ExtractedEvent,
+    InboundRequest, ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::{Mac256, Secret};
 
@@ -273,13 +273,6 @@ fn classify(body: &[u8]) -> Result<Body<'_>, Rejection> {
         Some((_, payload)) => parse_json(payload.as_bytes()).map(Body::Interactive),
         None => Ok(Body::SlashCommand(fields)),
     }
-}
-
-/// `body:` and the body's SHA-256, for a payload that carries no key of its own: a retry
-/// sends the same bytes.
-fn body_key(body: &[u8]) -> Result<crate::EventKey, Rejection> {
-    let key = format!("body:{}", hex::encode(crate::secret::sha256(body)));
-    event_key(&key, "the body's hash")
 }
 
 #[cfg(test)]

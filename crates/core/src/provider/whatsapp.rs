@@ -31,7 +31,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::provider::{
-    event_key, malformed, parse_json, signature_value, ExtractedEvent, InboundRequest,
+    body_key, event_key, malformed, parse_json, signature_value, ExtractedEvent, InboundRequest,
     ProviderAdapter, ProviderReply, Rejection, SignRequest,
 };
 use crate::secret::{constant_time_eq, sha256, Mac256, Secret};
@@ -133,10 +133,9 @@ impl ProviderAdapter for WhatsApp {
         }
 
         if itemless_field.is_some() || events.is_empty() {
-            let key = format!("body:{}", hex::encode(sha256(req.body)));
             events.push(ExtractedEvent {
                 fingerprint: None,
-                key: event_key(&key, "body hash")?,
+                key: body_key(req.body)?,
                 event_type: itemless_field.flatten(),
             });
         }
