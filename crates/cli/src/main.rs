@@ -101,6 +101,10 @@ Examples:
   hooklatch send github --event pull_request --secret env:GITHUB_WEBHOOK_SECRET \\
       --to http://127.0.0.1:8080/in/github
 
+  # Twilio behind a proxy: signed for the URL Twilio calls (the source's public_url):
+  hooklatch send twilio --secret env:TWILIO_AUTH_TOKEN --to http://127.0.0.1:8080/in/twilio \\
+      --public-url https://hooks.example.com
+
   # What there is to send:
   hooklatch send --list
 
@@ -315,6 +319,10 @@ struct SendArgs {
     /// Where to POST it, e.g. http://127.0.0.1:8080/in/stripe.
     #[arg(long, value_name = "URL", value_parser = http_url, required_unless_present = "list")]
     to: Option<String>,
+    /// Twilio signs the URL it calls: sign for this one (the source's public_url, a base or
+    /// the whole URL when a proxy maps its path) instead of --to's.
+    #[arg(long, value_name = "URL")]
+    public_url: Option<String>,
     /// Print the request (headers and body) before sending.
     #[arg(short, long)]
     verbose: bool,
@@ -1172,12 +1180,33 @@ fn send(args: SendArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome
         anyhow::bail!("send needs a provider, --secret and --to");
     };
     let secret = config::read_secret("--secret", &secret, env, None)?;
+    // The URL the signature covers, for the one provider that signs it.
+    let signed_url = match &args.public_url {
+        None => to.clone(),
+        Some(public) => {
+            anyhow::ensure!(
+                provider == "twilio",
+                "--public-url: only Twilio signs the URL it calls; {provider} does not"
+            );
+            let public = config::twilio_public_url(public)
+                .map_err(|e| anyhow::anyhow!("--public-url: {e}"))?;
+            let target = reqwest::Url::parse(&to).context("--to")?;
+            let path_and_query = match target.query() {
+                Some(query) => format!("{}?{query}", target.path()),
+                None => target.path().to_owned(),
+            };
+            hooklatch_core::provider::Twilio {
+                public_url: Some(public),
+            }
+            .url_called(&path_and_query)
+        }
+    };
     let event = hooklatch::fixtures::build(
         &provider,
         args.event.as_deref(),
         args.id.as_deref(),
         &secret,
-        &to,
+        &signed_url,
         hooklatch_core::Timestamp::now(),
     )?;
     if args.verbose {

@@ -54,6 +54,9 @@ pub struct Settings {
     pub body_timeout: Duration,
     /// Grace period on shutdown.
     pub shutdown_grace: Duration,
+    /// How long the listeners go on taking requests after a stop signal, while `/readyz`
+    /// answers 503.
+    pub shutdown_delay: Duration,
     /// Log format.
     pub log_format: LogFormat,
     /// Threads of the async runtime; `None` is `"auto"` ([`Settings::runtime_workers`]).
@@ -383,6 +386,7 @@ struct RawServer {
     header_timeout: Value,
     body_timeout: Value,
     shutdown_grace: Value,
+    shutdown_delay: Value,
     log_format: String,
     workers: Value,
     tls_cert: Option<String>,
@@ -1513,6 +1517,7 @@ fn resolve(
         header_timeout: positive("server.header_timeout", &s.header_timeout)?,
         body_timeout: positive("server.body_timeout", &s.body_timeout)?,
         shutdown_grace: duration("server.shutdown_grace", &s.shutdown_grace)?,
+        shutdown_delay: duration("server.shutdown_delay", &s.shutdown_delay)?,
         log_format,
         workers: workers("server.workers", &s.workers)?,
         tls: server_tls(s, env, base_dir)?,
@@ -1696,6 +1701,29 @@ pub const PROVIDERS: &[&str] = &[
     "paddle",
 ];
 
+/// Checks a Twilio source's `public_url` (also `hooklatch send twilio --public-url`): an
+/// `http(s)` URL without a query, fragment or user. A base (no path) loses its trailing `/`;
+/// a URL with a path is kept as written, since Twilio signs it byte for byte.
+pub fn twilio_public_url(url: &str) -> Result<String, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{e}: {url:?}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err("must be an http:// or https:// URL, like https://hooks.example.com".into());
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() || !parsed.username().is_empty() {
+        return Err(
+            "must be the URL Twilio calls without a query, fragment or user: \
+             https://hooks.example.com, or https://example.com/hooks/twilio when a proxy \
+             maps that path to this source"
+                .into(),
+        );
+    }
+    Ok(if parsed.path() == "/" {
+        url.trim_end_matches('/').to_owned()
+    } else {
+        url.to_owned()
+    })
+}
+
 fn build_adapter(
     key: &str,
     rs: &RawSource,
@@ -1743,22 +1771,13 @@ fn build_adapter(
         "razorpay" => Arc::new(Razorpay),
         "paddle" => Arc::new(Paddle),
         "twilio" => {
-            if let Some(url) = &rs.public_url {
-                let parsed =
-                    reqwest::Url::parse(url).map_err(|e| err(format!("{key}.public_url"), e))?;
-                if !matches!(parsed.scheme(), "http" | "https") || parsed.path() != "/" {
-                    return Err(err(
-                        format!("{key}.public_url"),
-                        "must be a base URL like https://hooks.example.com (no path)",
-                    ));
-                }
-            }
-            Arc::new(Twilio {
-                public_url: rs
-                    .public_url
-                    .as_ref()
-                    .map(|u| u.trim_end_matches('/').to_owned()),
-            })
+            let public_url = rs
+                .public_url
+                .as_deref()
+                .map(twilio_public_url)
+                .transpose()
+                .map_err(|e| err(format!("{key}.public_url"), e))?;
+            Arc::new(Twilio { public_url })
         }
         "slack" => {
             pointer("interactive_key", &rs.interactive_key)?;
@@ -2469,9 +2488,14 @@ tolerance = "30s"
             "sources[0].verify_token: only applies to provider = \"whatsapp\"",
         );
         check_err(
-            &format!("{base}provider = \"twilio\"\npublic_url = \"https://h.example/in/twilio\""),
+            &format!("{base}provider = \"twilio\"\npublic_url = \"https://h.example/t?a=1\""),
             &[],
-            "sources[0].public_url: must be a base URL",
+            "sources[0].public_url: must be the URL Twilio calls without a query",
+        );
+        check_err(
+            &format!("{base}provider = \"twilio\"\npublic_url = \"ftp://h.example/\""),
+            &[],
+            "sources[0].public_url: must be an http:// or https:// URL",
         );
         check_err(
             &format!("{base}provider = \"slack\"\ninteractive_key = \"trigger_id\""),

@@ -648,6 +648,7 @@ impl Worker {
         }
         let outcome_label = match next {
             AttemptNext::Delivered => "delivered",
+            _ if gone => "gone",
             AttemptNext::RetryAt(_) => "retry",
             AttemptNext::DeadLetter => "dead_letter",
             AttemptNext::Wait(_) => "wait",

@@ -40,11 +40,11 @@ pub mod replay;
 mod server;
 #[cfg(test)]
 mod simulation;
+mod telemetry;
 mod tls_files;
 pub mod trust;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -237,6 +237,7 @@ async fn open_keys(
 pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Result<()> {
     log_effective_config(&settings);
     let metrics = metrics_handle();
+    telemetry::register(&settings);
     let enqueued = Arc::new(Notify::new());
     let opened = open_store(&settings.store, enqueued.clone()).await?;
     let store = opened.store.clone();
@@ -259,7 +260,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         tracing::warn!(addr = %settings.admin_listen, "the admin API listens beyond loopback; keep its token secret and the port private");
     }
 
-    let ready = Arc::new(AtomicBool::new(false));
+    let readiness = Arc::new(hooklatch_http::Readiness::default());
     let owner = format!("{}-{}", std::process::id(), rand::random::<u32>());
     let lease = lease_for(&settings);
     let handoff = Arc::new(hooklatch_http::Handoff::new(
@@ -309,7 +310,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         store: store.clone(),
         token: settings.admin_token.clone(),
         metrics: Arc::new(move || render.render()),
-        ready: ready.clone(),
+        readiness: readiness.clone(),
         enqueued: enqueued.clone(),
         destinations: settings
             .sources
@@ -402,13 +403,16 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         stop_serving.clone(),
         grace,
     ));
-    tasks.spawn(server::serve(
+    // The admin listener stops last, once requests and deliveries in flight are done, so
+    // that `/readyz` says "shutting down" and `/metrics` answers for as long as that takes.
+    let stop_admin = CancellationToken::new();
+    let admin_task = tokio::spawn(server::serve(
         "admin",
         admin_listener,
         admin,
         settings.header_timeout,
         ingest_tls.clone().filter(|_| settings.admin_tls),
-        stop_serving.clone(),
+        stop_admin.clone(),
         grace,
     ));
     if store_is_shared(&settings.store) {
@@ -458,7 +462,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         stop_serving.clone(),
     ));
 
-    ready.store(true, Ordering::Release);
+    readiness.set_ready();
     tracing::info!(listen = %settings.listen, admin = %settings.admin_listen, "hooklatch is ready");
     tracing::info!(
         "web inspector: {}://{}/ui/ (with the admin token)",
@@ -466,13 +470,26 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         settings.admin_listen
     );
     cancel.cancelled().await;
+    readiness.set_stopping();
+    if !settings.shutdown_delay.is_zero() {
+        // A load balancer that polls `/readyz` stops sending here; what it sends until it
+        // notices is still taken.
+        tracing::info!(
+            delay = ?settings.shutdown_delay,
+            "shutting down: /readyz answers 503; still taking requests for server.shutdown_delay"
+        );
+        tokio::time::sleep(settings.shutdown_delay).await;
+    }
     tracing::info!("shutting down: no new requests; finishing those in flight");
-    ready.store(false, Ordering::Release);
     stop_serving.cancel();
     while let Some(res) = tasks.join_next().await {
         if let Err(err) = res {
             tracing::error!(%err, "a gateway task panicked");
         }
+    }
+    stop_admin.cancel();
+    if let Err(err) = admin_task.await {
+        tracing::error!(%err, "the admin listener panicked");
     }
     for publisher in publishers.values() {
         publisher.disconnect().await;

@@ -22,7 +22,7 @@ mod routes;
 pub mod wire;
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +96,37 @@ pub struct ExternalKeys {
     pub lease: Duration,
 }
 
+/// Where the gateway is in its life, as `/readyz` reports it: a load balancer sends traffic
+/// only while it is [`Readiness::set_ready`], and stops as soon as it is
+/// [`Readiness::set_stopping`], while the listeners still answer.
+#[derive(Debug, Default)]
+pub struct Readiness(AtomicU8);
+
+const STARTING: u8 = 0;
+const READY: u8 = 1;
+const STOPPING: u8 = 2;
+
+impl Readiness {
+    /// Started: `/readyz` answers 200 while the stores answer.
+    pub fn set_ready(&self) {
+        self.0.store(READY, Ordering::Release);
+    }
+
+    /// Shutting down: `/readyz` answers 503 `shutting down` from now on.
+    pub fn set_stopping(&self) {
+        self.0.store(STOPPING, Ordering::Release);
+    }
+
+    /// Why the gateway is not ready, if it is not: `starting` or `shutting down`.
+    pub fn not_ready_because(&self) -> Option<&'static str> {
+        match self.0.load(Ordering::Acquire) {
+            READY => None,
+            STARTING => Some("starting"),
+            _ => Some("shutting down"),
+        }
+    }
+}
+
 /// Renders the Prometheus text exposition.
 pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
 
@@ -107,8 +138,8 @@ pub struct AdminState {
     pub token: Secret,
     /// Renders `/metrics`.
     pub metrics: MetricsRender,
-    /// False while starting and once shutting down; `/readyz` reports it.
-    pub ready: Arc<AtomicBool>,
+    /// Starting, ready, or shutting down; `/readyz` reports it.
+    pub readiness: Arc<Readiness>,
     /// Woken after a redrive or redelivery queues a delivery.
     pub enqueued: Arc<Notify>,
     /// Each source's destinations, for redelivery.

@@ -75,6 +75,10 @@ async fn a_410_disables_the_destination_and_its_deliveries_wait_until_it_is_enab
     );
     assert!(listed["disabled_at"].is_string(), "{listed:#}");
     assert_eq!(gw.metric(DISABLED).await, 1.0);
+    // Counted as what it was: neither a delivery nor a retry.
+    let gone = r#"hooklatch_delivery_attempts_total{destination="app",outcome="gone"}"#;
+    let retry = r#"hooklatch_delivery_attempts_total{destination="app",outcome="retry"}"#;
+    assert_eq!((gw.metric(gone).await, gw.metric(retry).await), (1.0, 0.0));
 
     // The 410 was an attempt, recorded, and its event waits for the destination instead of
     // going to the dead-letter with its one attempt used; two later events wait, uncounted.

@@ -27,6 +27,7 @@ mod hygiene;
 mod ingest_tls;
 mod inspector;
 mod listen;
+mod metrics;
 mod outbound;
 mod postgres;
 mod power_loss;

@@ -637,6 +637,50 @@ async fn send_shows_the_verdict_of_an_answer_in_twiml() {
     }
 }
 
+/// Twilio behind a proxy that maps its own path to the source's: the source's `public_url`
+/// is that whole URL, and `send --public-url` signs for it while sending to the gateway.
+#[tokio::test(flavor = "multi_thread")]
+async fn send_signs_for_a_twilio_public_url_with_a_path() {
+    const PUBLIC: &str = "https://example.com/hooks/twilio-calls";
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut options = options();
+    options.extra_config.push_str(&format!(
+        "[[sources]]\nname = \"proxied\"\nprovider = \"twilio\"\n\
+         secrets = [\"twilio-auth-token\"]\npublic_url = \"{PUBLIC}\"\ndestinations = [\"app\"]\n"
+    ));
+    let gateway = Gateway::start_with(&handler, options).await;
+    let url = format!("http://{}/in/proxied?tenant=7", gateway.ingest().addr());
+    let send = |provider: &str, public_url: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"));
+        cmd.args([
+            "send",
+            provider,
+            "--secret",
+            "twilio-auth-token",
+            "--to",
+            &url,
+        ]);
+        if let Some(public_url) = public_url {
+            cmd.args(["--public-url", public_url]);
+        }
+        cmd.output().expect("running hooklatch send")
+    };
+    let signed_for_the_gateway = send("twilio", None);
+    let stdout = String::from_utf8_lossy(&signed_for_the_gateway.stdout);
+    assert_eq!(signed_for_the_gateway.status.code(), Some(1), "{stdout}");
+    assert!(stdout.contains("401"), "{stdout}");
+
+    let signed_for_the_proxy = send("twilio", Some(PUBLIC));
+    let stdout = String::from_utf8_lossy(&signed_for_the_proxy.stdout);
+    assert!(signed_for_the_proxy.status.success(), "{stdout}");
+    assert!(stdout.contains("200 OK (accepted, req_"), "{stdout}");
+
+    let not_twilio = send("stripe", Some(PUBLIC));
+    let stderr = String::from_utf8_lossy(&not_twilio.stderr);
+    assert_eq!(not_twilio.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("only Twilio signs the URL"), "{stderr}");
+}
+
 /// T16 with the store counted. Every provider's test events and their forgeries (wrong secret,
 /// tampered body, signature left out, stale timestamp) go through the ingest router built
 /// in-process over a counting store — and, in Redis mode, a counting key store: a forgery's

@@ -3,6 +3,8 @@
 //! Proves that an idle gateway exits with status 0 soon after SIGTERM, and that what it had
 //! claimed lives on disk, not in its memory: after a restart on the same file, a replay of an
 //! event delivered before the shutdown is answered as a duplicate and not forwarded again.
+//! With `server.shutdown_delay`, `/readyz` says "shutting down" at once while events are still
+//! taken until the delay ends.
 
 use crate::support::{
     stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler, Options,
@@ -41,6 +43,57 @@ async fn an_event_claimed_before_sigterm_is_still_a_duplicate_after_restart() {
     assert_eq!(json["status"], "duplicate", "{json}");
     assert_eq!(gw.deliveries_for(&key).await.len(), 1);
     assert_eq!(handler.count_for(&key), 1);
+}
+
+/// A load balancer polling `/readyz` learns of the shutdown at once, and what it sends until
+/// it stops is still taken: with `shutdown_delay`, the listeners answer for that long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_the_shutdown_delay_readyz_says_shutting_down_and_events_are_still_taken() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start_with(
+        &handler,
+        Options {
+            server_config: "shutdown_delay = \"8s\"".to_owned(),
+            log_level: "info",
+            ..Options::default()
+        },
+    )
+    .await;
+    gw.sigterm();
+    let mut readyz = (0, serde_json::Value::Null);
+    for _ in 0..100 {
+        readyz = gw.admin_get("/readyz").await;
+        if readyz.0 == 503 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(readyz.0, 503, "{}", readyz.1);
+    assert_eq!(readyz.1["reason"], "shutting down", "{}", readyz.1);
+
+    let event_id = unique("evt_in_the_delay");
+    let key = format!("stripe:{event_id}");
+    let body = stripe_invoice_paid(&event_id, 5000);
+    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    assert_eq!(
+        (status, json["status"].as_str()),
+        (200, Some("accepted")),
+        "{json}"
+    );
+    gw.wait_for_delivery_state(&key, "delivered").await;
+    assert!(
+        gw.try_wait().is_none(),
+        "the gateway stopped before its delay ended"
+    );
+
+    let status = gw.wait_exit().await;
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        gw.log()
+            .contains("still taking requests for server.shutdown_delay"),
+        "{}",
+        gw.log_tail(20)
+    );
 }
 
 /// SIGHUP stops nothing: certbot's deploy hook (`pkill -HUP -x hooklatch`, README) reaches every

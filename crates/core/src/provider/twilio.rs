@@ -10,8 +10,10 @@
 //! whatever the `Content-Type`, as twilio-node's middleware does. A body that is neither
 //! form-encoded nor hashed that way would go unauthenticated, so it is refused.
 //!
-//! The URL: the gateway usually sits behind a proxy, so [`Twilio::public_url`] (e.g.
-//! `https://hooks.example.com`) is the base and the request's `path_and_query` is appended.
+//! The URL: the gateway usually sits behind a proxy, so [`Twilio::public_url`] says what
+//! Twilio called. A base (`https://hooks.example.com`) gets the request's `path_and_query`
+//! appended; a URL with a path (`https://example.com/hooks/twilio`, for a proxy that maps
+//! its own path to `/in/{source}`) is the URL itself, with the request's query appended.
 //! Without it the URL is rebuilt from the `Host` header and the first `X-Forwarded-Proto`
 //! value (default `http`); both are client-supplied, so set `public_url` in production. Like
 //! twilio-node, the URL is tried without any port and with the port (the default `:443`/`:80`
@@ -60,10 +62,24 @@ const EMPTY_TWIML: &[u8] = b"<?xml version=\"1.0\" encoding=\"UTF-8\"?><Response
 /// Twilio's webhook scheme (`provider = "twilio"`).
 #[derive(Debug, Clone, Default)]
 pub struct Twilio {
-    /// The public base URL Twilio calls the gateway at (`https://hooks.example.com`, optionally
-    /// with a path prefix the proxy strips); the request's path and query are appended to it.
-    /// `None`: rebuilt from the `Host` and `X-Forwarded-Proto` headers.
+    /// The public URL Twilio calls: a base (`https://hooks.example.com`), to which the
+    /// request's path and query are appended; or, with a path of its own
+    /// (`https://example.com/hooks/twilio`), the URL of this source, to which the request's
+    /// query is appended. `None`: rebuilt from the `Host` and `X-Forwarded-Proto` headers.
     pub public_url: Option<String>,
+}
+
+/// The URL Twilio called, for a request the gateway received at `path_and_query`, when the
+/// gateway's public URL is `public` (see [`Twilio::public_url`]).
+fn public_url_for(public: &str, path_and_query: &str) -> String {
+    let after_scheme = public.split_once("://").map_or(public, |(_, rest)| rest);
+    match after_scheme.find('/').map(|at| &after_scheme[at..]) {
+        None | Some("/") => format!("{}{path_and_query}", public.trim_end_matches('/')),
+        Some(_) => match path_and_query.split_once('?') {
+            Some((_, query)) => format!("{public}?{query}"),
+            None => public.to_owned(),
+        },
+    }
 }
 
 impl ProviderAdapter for Twilio {
@@ -144,13 +160,13 @@ impl ProviderAdapter for Twilio {
     /// URL alone (the caller puts the right hash in it). `I-Twilio-Idempotency-Token` is set to
     /// the event key: Twilio sends that header on its webhooks, and [`Twilio::extract`] prefers
     /// it, so the key a test sender reports is the key the gateway deduplicates on.
-    /// Signs the URL this adapter checks: with [`Twilio::public_url`], that base plus the path
-    /// and query of `req.url` (the gateway behind its proxy, as Twilio calls it); else
-    /// `req.url` as given.
+    /// Signs the URL this adapter checks: with [`Twilio::public_url`], the URL Twilio calls
+    /// for the path and query of `req.url` (the gateway behind its proxy); else `req.url` as
+    /// given.
     fn sign(&self, req: &SignRequest<'_>) -> Vec<(String, String)> {
         let given = req.url.split('#').next().unwrap_or_default();
         let url = match &self.public_url {
-            Some(base) => format!("{}{}", base.trim_end_matches('/'), path_and_query(given)),
+            Some(public) => public_url_for(public, path_and_query(given)),
             None => given.to_owned(),
         };
         let url = url.as_str();
@@ -186,10 +202,19 @@ impl ProviderAdapter for Twilio {
 }
 
 impl Twilio {
+    /// The URL Twilio calls for a request the gateway receives at `path_and_query`: with
+    /// [`Twilio::public_url`], as that field says; without, `path_and_query` alone.
+    pub fn url_called(&self, path_and_query: &str) -> String {
+        match &self.public_url {
+            Some(public) => public_url_for(public, path_and_query),
+            None => path_and_query.to_owned(),
+        }
+    }
+
     /// The full URL Twilio requested, as far as the gateway can tell.
     fn signed_url(&self, req: &InboundRequest<'_>) -> Result<String, Rejection> {
         let base = match &self.public_url {
-            Some(base) => base.trim_end_matches('/').to_owned(),
+            Some(public) => return Ok(public_url_for(public, req.path_and_query)),
             None => {
                 let host = header_str(req.headers, "host")
                     .map(str::trim)
@@ -612,6 +637,49 @@ mod tests {
         assert_eq!(path_and_query("https://h.example"), "/");
     }
 
+    /// A proxy that maps its own path to the gateway's: Twilio signs the proxy's URL, path
+    /// and all, and the gateway sees `/in/twilio` with the same query.
+    #[test]
+    fn a_public_url_with_a_path_is_the_url_twilio_called() {
+        let secret = Secret::from_text(TOKEN);
+        let public = "https://example.com/hooks/twilio-calls";
+        let body = form(&[("CallSid", "CA1"), ("CallStatus", "ringing")]);
+        for query in ["", "?tenant=7"] {
+            let called = format!("{public}{query}");
+            let sig = signature(TOKEN, &called, &body);
+            let headers = headers(&[("content-type", FORM), (SIGNATURE_HEADER, &sig)]);
+            let received = format!("/in/twilio{query}");
+            let req = request(&received, &headers, &body);
+            let verify = |public: &str| {
+                twilio(Some(public)).verify(&req, std::slice::from_ref(&secret), Duration::ZERO)
+            };
+            assert_eq!(verify(public), Ok(()), "query {query:?}");
+            // The same URL taken as a base would append the gateway's own path.
+            assert_eq!(
+                verify("https://example.com").map_err(|r| r.code()),
+                Err("invalid_signature")
+            );
+            // The signer signs what the gateway checks, whatever address it sends to.
+            let signed = twilio(Some(public)).sign(&SignRequest {
+                url: &format!("http://127.0.0.1:8080{received}"),
+                body: &body,
+                secret: &secret,
+                now: Timestamp::from_secs(0),
+                event_key: "tok-1",
+                event_type: None,
+            });
+            assert_eq!(signed[0].1, sig, "query {query:?}");
+        }
+        assert_eq!(
+            public_url_for("https://example.com/", "/in/twilio?a=1"),
+            "https://example.com/in/twilio?a=1"
+        );
+        assert_eq!(
+            public_url_for("https://example.com/t/", "/in/twilio/?a=1"),
+            "https://example.com/t/?a=1"
+        );
+    }
+
     #[test]
     fn the_signed_string_is_the_url_then_sorted_names_and_values() {
         let body = form(&[
@@ -864,15 +932,22 @@ mod tests {
         );
     }
 
+    /// A proxy that strips a prefix (`/hooks/in/twilio` → `/in/twilio`) is configured with the
+    /// whole URL, as any proxy with a path: a path is never a prefix.
     #[test]
-    fn a_public_url_with_a_path_prefix_is_prepended() {
+    fn a_public_url_with_a_path_is_never_a_prefix() {
         let body = form(VECTOR_PARAMS);
         let sig = signature(TOKEN, "https://example.com/hooks/in/twilio", &body);
-        let delivery = Delivery {
-            public_url: Some("https://example.com/hooks/"),
-            ..Delivery::form("/in/twilio", &body, &sig)
-        };
-        check(&delivery, &[TOKEN], Ok(()));
+        for (public_url, expect) in [
+            ("https://example.com/hooks/in/twilio", Ok(())),
+            ("https://example.com/hooks/", Err("invalid_signature")),
+        ] {
+            let delivery = Delivery {
+                public_url: Some(public_url),
+                ..Delivery::form("/in/twilio", &body, &sig)
+            };
+            check(&delivery, &[TOKEN], expect);
+        }
     }
 
     #[test]

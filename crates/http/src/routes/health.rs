@@ -3,7 +3,6 @@
 //! The probes need no token: they reveal nothing but up or down, and orchestrators call them
 //! without credentials. `/metrics` is behind the token like the API.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -20,12 +19,8 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
 }
 
 pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
-    if !state.ready.load(Ordering::Acquire) {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({ "status": "not_ready", "reason": "starting or shutting down" })),
-        )
-            .into_response();
+    if let Some(reason) = state.readiness.not_ready_because() {
+        return not_ready(reason);
     }
     match state.store.ping().await {
         Ok(()) => {}

@@ -446,10 +446,11 @@ async fn accept(
     let outcome = match result {
         Ok(outcome) => outcome,
         Err(Refused::Store(err)) => {
+            let err = ApiError::from(err);
             metrics::counter!("hooklatch_requests_total",
-                "source" => source.name.to_string(), "verdict" => "error")
+                "source" => source.name.to_string(), "verdict" => "error", "reason" => err.code)
             .increment(1);
-            return ApiError::from(err).into_response();
+            return err.into_response();
         }
         Err(Refused::InFlight(lease_left, record)) => {
             // A claim is usually finished within milliseconds: ask for a retry in a second.
