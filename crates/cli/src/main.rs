@@ -382,8 +382,10 @@ Examples:
   hooklatch events import captures.json --config hooklatch.toml
   hooklatch events redeliver req_7 --config hooklatch.toml
 
-Each capture's source must exist on the importing gateway. Nothing is claimed or queued by
-the import itself; the whole file is checked before anything is stored.")]
+Each capture's source must exist on the importing gateway, and its body fit its body_limit.
+Nothing is claimed or queued by the import itself; the whole file is checked before anything
+is stored. A capture imported before (same source, keys and body) is not stored twice: its
+first import's id is printed, marked \"(imported before)\".")]
     Import {
         /// The export file.
         #[arg(value_name = "FILE")]
@@ -407,8 +409,8 @@ Idempotency-Key as the first delivery, so a guarded handler changes nothing. A c
 same event id with a different body, never processed) is released this way as a new event,
 under its own key: {source}:{key}:req_N; a dismissed conflict is not.
 
-Exit status: 0 when queued, 1 when the gateway refused (nothing to redeliver, a dismissed
-conflict), 2 when it could not be asked.")]
+Exit status: 0 when queued, 1 when the gateway refused (no such request, nothing to
+redeliver, a dismissed conflict), 2 when it could not be asked.")]
     Redeliver {
         /// The request (req_N), as listed by the admin API.
         #[arg(value_name = "REQUEST")]
@@ -429,8 +431,8 @@ Examples:
   hooklatch events dismiss req_57 --reason \"test-mode resend with a changed amount\" \\
       --config hooklatch.toml
 
-Exit status: 0 when dismissed, 1 when the request is not an undecided conflict, 2 when the
-gateway could not be asked.")]
+Exit status: 0 when dismissed, 1 when the request is not there or not an undecided conflict,
+2 when the gateway could not be asked.")]
     Dismiss {
         /// The conflict (req_N).
         #[arg(value_name = "REQUEST")]
@@ -467,7 +469,10 @@ Examples:
     #[command(after_help = "\
 Examples:
   hooklatch dlq retry dlv_17 dlv_18 --config hooklatch.toml
-  hooklatch dlq retry --all --destination app --config hooklatch.toml")]
+  hooklatch dlq retry --all --destination app --config hooklatch.toml
+
+Exit status: 0 when every delivery was queued again, 1 when the gateway refused any (not there,
+not dead-lettered), 2 when it could not be asked (what was queued before is printed).")]
     Retry {
         /// The deliveries (dlv_N).
         #[arg(value_name = "DELIVERY", required_unless_present = "all")]
@@ -502,7 +507,10 @@ Examples:
     #[command(after_help = "\
 Examples:
   hooklatch destinations disable app --reason \"moving to the new cluster\" \\
-      --config hooklatch.toml")]
+      --config hooklatch.toml
+
+Exit status: 0 when disabled, 1 when the destination is not there, 2 when the gateway could
+not be asked.")]
     Disable {
         /// The destination's name.
         name: String,
@@ -519,7 +527,8 @@ Examples:
   # The endpoint answered 410 Gone and has been fixed:
   hooklatch destinations enable app --config hooklatch.toml
 
-Exit status: 0 when enabled, 1 when it was not disabled, 2 when the gateway could not be asked.")]
+Exit status: 0 when enabled, 1 when it was not disabled or is not there, 2 when the gateway
+could not be asked.")]
     Enable {
         /// The destination's name.
         name: String,
@@ -839,6 +848,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,
         Ok(Outcome::Failed) => ExitCode::from(1),
+        Ok(Outcome::ErrorLogged) => ExitCode::from(2),
         Err(err) => {
             eprintln!("hooklatch: error: {err:#}");
             ExitCode::from(2)
@@ -850,6 +860,8 @@ fn main() -> ExitCode {
 enum Outcome {
     Passed,
     Failed,
+    /// An error, said already in the log's own format (`serve` with JSON logs): exit status 2.
+    ErrorLogged,
 }
 
 fn run(cli: Cli) -> anyhow::Result<Outcome> {
@@ -866,29 +878,19 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             if allow_unsafe_durability {
                 settings.store.allow_unsafe_durability();
             }
-            init_tracing(settings.log_format);
+            let log_format = settings.log_format;
+            init_tracing(log_format);
             for warning in config::env_warnings(&env) {
                 tracing::warn!("{warning}");
             }
-            let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(settings.runtime_workers(cpus))
-                .enable_all()
-                .build()
-                .context("starting the async runtime")?;
-            // With a TLS certificate, SIGHUP reloads it (and says so); without one there is
-            // nothing to reload, and a SIGHUP (certbot's hook, a closed terminal) stops nothing.
-            let hangup = if settings.tls.is_some() {
-                None
-            } else {
-                Some("SIGHUP received: nothing to reload (no [server] tls_cert); still serving")
-            };
-            runtime.block_on(async {
-                let cancel = CancellationToken::new();
-                tokio::spawn(cancel_on_signal(cancel.clone(), hangup));
-                hooklatch::serve(settings, cancel).await
-            })?;
-            Ok(Outcome::Passed)
+            match serve(settings) {
+                // A collector that reads JSON lines gets the reason the gateway stopped as one.
+                Err(err) if log_format == LogFormat::Json => {
+                    tracing::error!(error = %format!("{err:#}"), "hooklatch cannot go on");
+                    Ok(Outcome::ErrorLogged)
+                }
+                done => done.map(|()| Outcome::Passed),
+            }
         }
         Command::Send(args) => send(args, &env),
         Command::Listen(args) => listen(args, &env).map(|()| Outcome::Passed),
@@ -929,13 +931,27 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             let settings = load_admin_config(&admin, &env)?;
             let client = admin_client(&admin, settings.as_ref());
             let ids = client_runtime()?.block_on(client.import(doc))?;
-            for id in &ids {
-                println!("{id}");
+            let mut again = 0;
+            for (id, already) in &ids {
+                if *already {
+                    again += 1;
+                    println!("{id} (imported before)");
+                } else {
+                    println!("{id}");
+                }
             }
-            eprintln!(
-                "imported {}",
-                hooklatch::counted(ids.len() as u64, "capture", "captures")
-            );
+            let new = ids.len() as u64 - again;
+            if again == 0 {
+                eprintln!(
+                    "imported {}",
+                    hooklatch::counted(new, "capture", "captures")
+                );
+            } else {
+                eprintln!(
+                    "imported {}; {again} imported before, left as they were",
+                    hooklatch::counted(new, "capture", "captures")
+                );
+            }
             Ok(Outcome::Passed)
         }
         Command::Migrate { config } => {
@@ -998,6 +1014,28 @@ fn log_filter() -> tracing_subscriber::EnvFilter {
         filter = filter.add_directive(directive.parse().expect("a valid directive"));
     }
     filter
+}
+
+/// `serve` once its logging is set up: the runtime, the signals, the gateway.
+fn serve(settings: config::Settings) -> anyhow::Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.runtime_workers(cpus))
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    // With a TLS certificate, SIGHUP reloads it (and says so); without one there is nothing to
+    // reload, and a SIGHUP (certbot's hook, a closed terminal) stops nothing.
+    let hangup = if settings.tls.is_some() {
+        None
+    } else {
+        Some("SIGHUP received: nothing to reload (no [server] tls_cert); still serving")
+    };
+    runtime.block_on(async {
+        let cancel = CancellationToken::new();
+        tokio::spawn(cancel_on_signal(cancel.clone(), hangup));
+        hooklatch::serve(settings, cancel).await
+    })
 }
 
 fn init_tracing(format: LogFormat) {
@@ -1834,14 +1872,30 @@ fn done_or_refused<T>(
             println!("{what}: {}", done(value));
             Ok(Outcome::Passed)
         }
-        Err(hooklatch::admin::AdminError::Status {
+        Err(err) => match refusal(what, err) {
+            Ok(refused) => {
+                eprintln!("{refused}");
+                Ok(Outcome::Failed)
+            }
+            Err(err) => Err(err.into()),
+        },
+    }
+}
+
+/// The gateway's "no" to a request about `what` — it is not there (404), or not in a state to
+/// do it (409) — as the line to print; `Err` when the gateway could not be asked.
+fn refusal(
+    what: &str,
+    err: hooklatch::admin::AdminError,
+) -> Result<String, hooklatch::admin::AdminError> {
+    match err {
+        // "dlv_9 not found on the gateway" names what is missing already.
+        err @ hooklatch::admin::AdminError::NotFound(_) => Ok(err.to_string()),
+        hooklatch::admin::AdminError::Status {
             status: 409,
             message,
-        }) => {
-            eprintln!("{what}: {message}");
-            Ok(Outcome::Failed)
-        }
-        Err(err) => Err(err.into()),
+        } => Ok(format!("{what}: {message}")),
+        err => Err(err),
     }
 }
 
@@ -1912,9 +1966,8 @@ fn destinations(
         } => {
             let settings = load_admin_config(&admin, env)?;
             let client = admin_client(&admin, settings.as_ref());
-            let item = runtime.block_on(client.disable_destination(&name, reason.as_deref()))?;
-            println!("{name}: {}", state(&item));
-            Ok(Outcome::Passed)
+            let answer = runtime.block_on(client.disable_destination(&name, reason.as_deref()));
+            done_or_refused(&name, answer, |item| state(&item))
         }
         DestinationsCommand::Enable { name, admin } => {
             let settings = load_admin_config(&admin, env)?;
@@ -2023,13 +2076,8 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
                 };
                 match runtime.block_on(client.retry_delivery(id)) {
                     Ok(()) => println!("{id}: queued again"),
-                    // "dlv_9 not found on the gateway" names the id already.
-                    Err(err @ hooklatch::admin::AdminError::NotFound(_)) => {
-                        eprintln!("{err}");
-                        failed += 1;
-                    }
                     Err(err) => {
-                        eprintln!("{id}: {err}");
+                        eprintln!("{}", refusal(&id.to_string(), err)?);
                         failed += 1;
                     }
                 }

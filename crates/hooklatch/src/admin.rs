@@ -322,8 +322,8 @@ impl AdminClient {
     }
 
     /// Imports an export file's captures into the gateway's history (verdict `imported`);
-    /// returns the new request ids.
-    pub async fn import(&self, export: Value) -> Result<Vec<String>, AdminError> {
+    /// returns each capture's request id there, and whether an earlier import stored it.
+    pub async fn import(&self, export: Value) -> Result<Vec<(String, bool)>, AdminError> {
         let answer = self
             .call(
                 reqwest::Method::POST,
@@ -338,7 +338,10 @@ impl AdminClient {
             .map(|items| {
                 items
                     .iter()
-                    .filter_map(|i| i["request_id"].as_str().map(str::to_owned))
+                    .filter_map(|i| {
+                        let id = i["request_id"].as_str()?.to_owned();
+                        Some((id, i["already_imported"].as_bool().unwrap_or(false)))
+                    })
                     .collect()
             })
             .unwrap_or_default())

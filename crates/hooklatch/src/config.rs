@@ -1015,7 +1015,18 @@ fn read<T>(
     then: impl FnOnce(RawConfig) -> Result<T, ConfigError>,
 ) -> Result<T, ConfigError> {
     let (raw, overridden) = raw(file, env)?;
+    let names: Vec<(&str, Vec<String>)> = vec![
+        (
+            "source",
+            raw.sources.iter().map(|s| s.name.clone()).collect(),
+        ),
+        (
+            "destination",
+            raw.destinations.iter().map(|d| d.name.clone()).collect(),
+        ),
+    ];
     then(raw).map_err(|ConfigError(msg)| {
+        let msg = with_name(msg, &names);
         let var = overridden.iter().find_map(|(set, var)| {
             let rest = msg.strip_prefix(set.as_str())?;
             [":", ".", "["]
@@ -1028,6 +1039,25 @@ fn read<T>(
             None => ConfigError(msg),
         }
     })
+}
+
+/// `msg` about `sources[i]…` or `destinations[i]…` with that entry's name added at its end,
+/// so that the fifth of nine destinations is found by the name the operator gave it.
+fn with_name(msg: String, names: &[(&str, Vec<String>)]) -> String {
+    for (kind, list) in names {
+        let Some(rest) = msg.strip_prefix(&format!("{kind}s[")) else {
+            continue;
+        };
+        let name = rest
+            .split_once(']')
+            .and_then(|(index, _)| index.parse::<usize>().ok())
+            .and_then(|i| list.get(i))
+            .filter(|name| !name.is_empty());
+        if let Some(name) = name {
+            return format!("{msg} (the {kind} named {name:?})");
+        }
+    }
+    msg
 }
 
 /// The keys environment variables set (`store.url`, `sources[0].tolerance`), each with its
@@ -2137,6 +2167,29 @@ destinations = ["app"]
 name = "app"
 url = "http://app.internal:3000/webhooks/stripe"
 "#;
+
+    /// An error about one of many sources or destinations names it as the operator did, and
+    /// an environment variable that set the value is still blamed.
+    #[test]
+    fn an_entry_in_error_is_named_by_its_name() {
+        let more = format!(
+            "{EXAMPLE}\n[[destinations]]\nname = \"billing\"\nurl = \"http://b.internal/\"\n\
+             timeout = \"soon\"\n"
+        );
+        let secret = ("STRIPE_WEBHOOK_SECRET", "whsec_x");
+        check_err(&more, &[secret], "destinations[1].timeout: ");
+        check_err(&more, &[secret], "(the destination named \"billing\")");
+        check_err(
+            EXAMPLE,
+            &[secret, ("HOOKLATCH_SOURCES__STRIPE__TOLERANCE", "soon")],
+            "(the source named \"stripe\")",
+        );
+        check_err(
+            EXAMPLE,
+            &[secret, ("HOOKLATCH_SOURCES__STRIPE__TOLERANCE", "soon")],
+            "HOOKLATCH_SOURCES__STRIPE__TOLERANCE: sources[0].tolerance",
+        );
+    }
 
     #[test]
     fn runtime_threads_leave_the_sqlite_writer_a_cpu_unless_set() {

@@ -311,6 +311,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         token: settings.admin_token.clone(),
         metrics: Arc::new(move || render.render()),
         readiness: readiness.clone(),
+        body_limit: settings.body_limit,
         enqueued: enqueued.clone(),
         destinations: settings
             .sources

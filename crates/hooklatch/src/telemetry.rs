@@ -202,4 +202,45 @@ mod tests {
         let unused: Vec<_> = described.difference(&recorded).collect();
         assert!(unused.is_empty(), "described, never recorded: {unused:?}");
     }
+
+    /// The alerting rules in `deploy/` and the README's advice name metrics that exist (a
+    /// histogram by its `_bucket`, `_sum` or `_count` too).
+    #[test]
+    fn the_alerting_rules_and_the_readme_name_real_metrics() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        for file in [
+            "deploy/prometheus/hooklatch-alerts.yml",
+            "deploy/prometheus/hooklatch-alerts.test.yml",
+            "README.md",
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).expect("reading the file");
+            let mut named = 0;
+            for (at, _) in text.match_indices("hooklatch_") {
+                let preceded = text[..at]
+                    .chars()
+                    .next_back()
+                    .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if preceded {
+                    continue;
+                }
+                let name: String = text[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                let base = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                if METRICS.iter().any(|(m, ..)| *m == name || *m == base) {
+                    named += 1;
+                } else {
+                    assert!(
+                        !name.ends_with("_total") && !name.ends_with("_seconds"),
+                        "{file} names {name}, which hooklatch does not record"
+                    );
+                }
+            }
+            assert!(named >= 5, "{file} names only {named} metrics");
+        }
+    }
 }

@@ -150,6 +150,8 @@ pub struct AdminState {
     pub disabled: Arc<DisabledDestinations>,
     /// The external key store, if any: `/readyz` checks it too.
     pub keys: Option<Arc<dyn KeyStore>>,
+    /// The largest body ingest takes; an imported capture's body may not be larger.
+    pub body_limit: usize,
 }
 
 /// The public router: `POST /in/{source}`.

@@ -40,19 +40,39 @@ async fn admin_verbs_pointed_at_the_ingest_listener_fail_and_say_so() {
         stderr.contains("nothing answers there: is the gateway running"),
         "{stderr}"
     );
-    // A destination that is not there is said to be missing, not the address wrong.
+    // A destination that is not there is said to be missing, not the address wrong: the
+    // gateway's "no" (exit status 1), as for any verb about something that is not there.
     for verb in ["disable", "enable"] {
         let (code, stderr) = run(&["destinations", verb, "nope"], &gw.admin_url());
-        assert_ne!(code, Some(0), "{stderr}");
+        assert_eq!(code, Some(1), "{verb}: {stderr}");
         assert!(
             stderr.contains("destination \"nope\" not found on the gateway"),
             "{verb}: {stderr}"
         );
     }
-    // A delivery that is not there is named once.
-    let (code, stderr) = run(&["dlq", "retry", "dlv_999"], &gw.admin_url());
-    assert_eq!(code, Some(1), "{stderr}");
-    assert_eq!(stderr.trim_end(), "dlv_999 not found on the gateway");
+    // A delivery or request that is not there is named once.
+    let missing: [(&[&str], &str); 3] = [
+        (
+            &["dlq", "retry", "dlv_999"],
+            "dlv_999 not found on the gateway",
+        ),
+        (
+            &["events", "redeliver", "req_999"],
+            "req_999 not found on the gateway",
+        ),
+        (
+            &["events", "dismiss", "req_999", "--reason", "test"],
+            "req_999 not found on the gateway",
+        ),
+    ];
+    for (verb, said) in missing {
+        let (code, stderr) = run(verb, &gw.admin_url());
+        assert_eq!(code, Some(1), "{verb:?}: {stderr}");
+        assert_eq!(stderr.trim_end(), said, "{verb:?}");
+    }
+    // Nothing to ask: 2, not a refusal.
+    let (code, stderr) = run(&["dlq", "retry", "dlv_1"], "http://127.0.0.1:9");
+    assert_eq!(code, Some(2), "{stderr}");
 }
 
 /// Runs `hooklatch ARGS --admin ADMIN` with the admin token: its exit status and standard

@@ -229,6 +229,42 @@ async fn a_second_serve_on_a_sqlite_file_already_served_is_refused() {
     assert_eq!(status, 200, "{json}");
 }
 
+/// With JSON logs, the reason a gateway cannot start is a JSON line too, at level ERROR, for
+/// the collector that reads them; exit status 2 as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_json_logs_a_gateway_that_cannot_start_says_why_in_json() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start_with(
+        &handler,
+        crate::support::Options {
+            log_format: "json",
+            ..crate::support::Options::default()
+        },
+    )
+    .await;
+    let (status, output) = gw.serve_beside().await;
+    let status = status.expect("the second gateway exits by itself");
+    assert_eq!(status.code(), Some(2), "{output}");
+    let lines: Vec<serde_json::Value> = output
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let error = lines
+        .iter()
+        .find(|l| l["level"] == "ERROR")
+        .unwrap_or_else(|| panic!("no ERROR line: {output}"));
+    assert_eq!(
+        error["fields"]["message"], "hooklatch cannot go on",
+        "{error}"
+    );
+    let why = error["fields"]["error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("one `hooklatch serve` per SQLite file"),
+        "{error}"
+    );
+}
+
 /// How many times the T15 test kills the gateway after its handler did the work.
 const CRASHES_AFTER_WORK: usize = 10;
 

@@ -19,6 +19,7 @@ mod admin_cli;
 mod api_fuzz;
 mod booking;
 mod crash;
+mod deploy;
 mod failpoints;
 mod forgery;
 mod gone;

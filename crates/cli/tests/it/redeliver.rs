@@ -6,8 +6,8 @@
 use std::process::Command;
 
 use crate::support::{
-    eventually, hooklatch, stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour,
-    Gateway, Handler, ADMIN_TOKEN,
+    eventually, hooklatch, stripe_headers, stripe_invoice_paid, stripe_invoice_paid_padded, unique,
+    wait_until, Behaviour, Gateway, Handler, ADMIN_TOKEN,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -146,6 +146,10 @@ async fn an_exported_capture_imported_elsewhere_redelivers_byte_exact() {
     let listed = laptop.requests("verdict=imported").await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0]["keys"][0].as_str(), Some(id.as_str()));
+    // The same file again (a script run twice) leaves history as it was.
+    let again = hooklatch(&["events", "import", file_arg], &laptop.admin_url());
+    assert_eq!(again.trim(), format!("{imported_id} (imported before)"));
+    assert_eq!(laptop.requests("verdict=imported").await.len(), 1);
     assert!(
         laptop.deliveries("").await.is_empty(),
         "an import queues nothing"
@@ -167,6 +171,49 @@ async fn an_exported_capture_imported_elsewhere_redelivers_byte_exact() {
         .post("stripe", &stripe_headers(&body), body.clone())
         .await;
     assert_eq!((status, answer["status"].as_str()), (200, Some("accepted")));
+}
+
+/// A capture whose body is over the importing gateway's `body_limit` is refused, naming the
+/// limit, and nothing of the file is stored: ingest would have refused that body, and a
+/// redelivery would send the application what the gateway never takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_over_the_body_limit_is_refused_whole() {
+    use base64::Engine;
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gateway = Gateway::start_with(
+        &handler,
+        crate::support::Options {
+            body_limit: Some("1KiB"),
+            ..crate::support::Options::default()
+        },
+    )
+    .await;
+    let capture = |id: &str, size: usize| {
+        let body = stripe_invoice_paid_padded(id, 100, size);
+        serde_json::json!({
+            "source": "stripe",
+            "keys": [id],
+            "body_base64": base64::engine::general_purpose::STANDARD.encode(body),
+        })
+    };
+    let doc = serde_json::json!({
+        "hooklatch_export": 1,
+        "captures": [capture("evt_small", 0), capture("evt_large", 2048)],
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("captures.json");
+    std::fs::write(&file, doc.to_string()).expect("writing the file");
+    let out = crate::support::hooklatch_output(
+        &["events", "import", file.to_str().expect("utf-8 path")],
+        &gateway.admin_url(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("captures[1]: its body is") && stderr.contains("body_limit of 1024 bytes"),
+        "{stderr}"
+    );
+    assert!(gateway.requests("verdict=imported").await.is_empty());
 }
 
 /// `hooklatch events list`: the history newest first, one line per request with its verdict

@@ -290,7 +290,9 @@ pub(crate) const IMPORT_LIMIT: usize = 64 << 20;
 
 /// Imports captures from an export file into history (verdict `imported`), so they can be
 /// replayed or redelivered here. Nothing is claimed or queued; each capture is checked whole
-/// before any is stored.
+/// before any is stored. A capture imported before (the same source, keys and body bytes,
+/// verdict `imported`) is not stored again: its first import's id is answered, marked
+/// `already_imported`, so importing a file twice leaves history as once.
 pub(crate) async fn import(
     State(state): State<Arc<AdminState>>,
     ApiJson(doc): ApiJson<ImportDoc>,
@@ -321,6 +323,14 @@ pub(crate) async fn import(
         let body = b64
             .decode(&capture.body_base64)
             .map_err(|_| bad("body_base64 is not base64".to_owned()))?;
+        if body.len() > state.body_limit {
+            return Err(bad(format!(
+                "its body is {} bytes, over this gateway's body_limit of {} bytes: ingest \
+                 would have refused it",
+                body.len(),
+                state.body_limit
+            )));
+        }
         let mut headers = Vec::with_capacity(capture.headers.len());
         for h in capture.headers {
             let value = match (h.value, h.value_base64) {
@@ -347,14 +357,57 @@ pub(crate) async fn import(
         records.push((capture.request_id, record, capture.keys));
     }
     let mut imported = Vec::with_capacity(records.len());
+    let mut again = 0;
     for (original, record, keys) in records {
-        let id = state.store.record_import(record, keys.clone()).await?;
-        imported.push(
-            json!({ "request_id": id.to_string(), "original_request_id": original, "keys": keys }),
-        );
+        let (id, already) = match imported_before(state.store.as_ref(), &record, &keys).await? {
+            Some(id) => (id, true),
+            None => (
+                state.store.record_import(record, keys.clone()).await?,
+                false,
+            ),
+        };
+        again += usize::from(already);
+        imported.push(json!({
+            "request_id": id.to_string(),
+            "original_request_id": original,
+            "keys": keys,
+            "already_imported": already,
+        }));
     }
-    tracing::info!(n = imported.len(), "captures imported");
+    tracing::info!(
+        n = imported.len() - again,
+        already_imported = again,
+        "captures imported"
+    );
     Ok((StatusCode::CREATED, Json(json!({ "imported": imported }))))
+}
+
+/// The request an earlier import stored for this capture, if any: verdict `imported`, the same
+/// source, the same keys and the same body, byte for byte.
+async fn imported_before(
+    store: &dyn hooklatch_core::Store,
+    record: &RequestRecord,
+    keys: &[String],
+) -> Result<Option<RequestId>, ApiError> {
+    let candidates = store
+        .list_requests(RequestFilter {
+            source: Some(record.source.clone()),
+            verdict: Some(Verdict::Imported),
+            key: keys.first().cloned(),
+            since: None,
+            until: None,
+            before: None,
+            limit: MAX_LIMIT,
+        })
+        .await?;
+    for candidate in candidates.iter().filter(|c| c.keys == keys) {
+        if let Some(detail) = store.get_request(candidate.id).await? {
+            if detail.body == record.body {
+                return Ok(Some(candidate.id));
+            }
+        }
+    }
+    Ok(None)
 }
 
 pub(crate) fn page_limit(limit: Option<u32>) -> Result<u32, ApiError> {
