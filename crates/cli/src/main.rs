@@ -266,11 +266,24 @@ serializes migrations on PostgreSQL).")]
         #[arg(short, long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
-    /// Check a configuration file (with the environment applied) and exit.
+    /// Check a configuration file (with the environment applied) and exit; with --connect,
+    /// contact the services it names too.
     #[command(after_help = "\
 Examples:
   hooklatch check-config --config hooklatch.toml
-  hooklatch check-config --print-defaults > hooklatch.toml   # every setting, documented")]
+  hooklatch check-config --print-defaults > hooklatch.toml   # every setting, documented
+
+  # Before a rollout (an init container, a deploy script): the store and key store answer,
+  # PostgreSQL's durability settings pass, and each destination is reachable:
+  hooklatch check-config --connect --config hooklatch.toml
+
+--connect changes nothing: PostgreSQL is read (its durability settings, its schema version),
+a SQLite file's directory is written to once (a file made and removed), Redis is pinged,
+each RabbitMQ destination connected to, each HTTP destination sent a HEAD.
+
+Exit status: 0 when valid (with --connect: and the store and key store answer as serve needs;
+a destination that does not answer is a warning, as serve starts without it), 1 when they do
+not, 2 when the configuration is invalid.")]
     CheckConfig {
         /// The TOML configuration file.
         #[arg(short, long, value_name = "FILE")]
@@ -278,6 +291,9 @@ Examples:
         /// Print the documented default configuration instead.
         #[arg(long)]
         print_defaults: bool,
+        /// Contact the store, the key store and each destination, changing nothing.
+        #[arg(long, conflicts_with = "print_defaults")]
+        connect: bool,
     },
 }
 
@@ -967,6 +983,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::CheckConfig {
             config,
             print_defaults,
+            connect,
         } => {
             if print_defaults {
                 print!("{}", config::DEFAULT_CONFIG);
@@ -988,11 +1005,31 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                     "destinations"
                 )
             );
-            println!(
-                "(the file and the environment only: the store, brokers and destinations were \
-                 not contacted)"
-            );
-            Ok(Outcome::Passed)
+            if !connect {
+                println!(
+                    "(the file and the environment only: the store, brokers and destinations \
+                     were not contacted; --connect contacts them)"
+                );
+                return Ok(Outcome::Passed);
+            }
+            let contacts = client_runtime()?.block_on(hooklatch::contact::contact(&settings));
+            let mut failed = false;
+            for c in &contacts {
+                let (mark, said) = match &c.outcome {
+                    Ok(said) => ("ok  ", said.as_str()),
+                    Err(said) if c.required => {
+                        failed = true;
+                        ("FAIL", said.as_str())
+                    }
+                    Err(said) => ("warn", said.as_str()),
+                };
+                println!("{mark} {:<12} {}: {said}", c.what, c.at);
+            }
+            Ok(if failed {
+                Outcome::Failed
+            } else {
+                Outcome::Passed
+            })
         }
     }
 }

@@ -28,6 +28,7 @@ pub mod bench;
 pub mod capture;
 pub mod check;
 pub mod config;
+pub mod contact;
 pub mod delivery;
 pub mod effect;
 pub mod fixtures;
@@ -338,30 +339,12 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         .destinations
         .iter()
         .filter_map(|d| match &d.kind {
-            config::DestinationKind::Amqp(a) => {
-                let mut cfg = hooklatch_queue_rabbitmq::PublisherConfig::new(
-                    a.url_text(),
-                    a.exchange.clone(),
-                    a.routing_key.clone(),
-                );
-                cfg.fallback_urls = a
-                    .fallback
-                    .iter()
-                    .map(|url| url.expose_text().unwrap_or_default().to_owned())
-                    .collect();
-                cfg.declare = a.declare;
-                cfg.queue = a.queue.clone();
-                cfg.quorum = a.quorum;
-                cfg.max_length = a.max_length;
-                cfg.delivery_limit = a.delivery_limit;
-                cfg.dead_letter_exchange = a.dead_letter_exchange.clone();
-                cfg.tls = a.tls.clone();
-                cfg.timeout = d.timeout;
-                Some((
-                    d.name.clone(),
-                    Arc::new(hooklatch_queue_rabbitmq::Publisher::new(cfg)),
-                ))
-            }
+            config::DestinationKind::Amqp(a) => Some((
+                d.name.clone(),
+                Arc::new(hooklatch_queue_rabbitmq::Publisher::new(publisher_config(
+                    d, a,
+                ))),
+            )),
             config::DestinationKind::Http { .. } | config::DestinationKind::Listen { .. } => None,
         })
         .collect();
@@ -498,6 +481,32 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     drop(opened);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The publisher of RabbitMQ destination `d` (whose settings are `a`).
+fn publisher_config(
+    d: &config::Destination,
+    a: &config::AmqpSettings,
+) -> hooklatch_queue_rabbitmq::PublisherConfig {
+    let mut cfg = hooklatch_queue_rabbitmq::PublisherConfig::new(
+        a.url_text(),
+        a.exchange.clone(),
+        a.routing_key.clone(),
+    );
+    cfg.fallback_urls = a
+        .fallback
+        .iter()
+        .map(|url| url.expose_text().unwrap_or_default().to_owned())
+        .collect();
+    cfg.declare = a.declare;
+    cfg.queue = a.queue.clone();
+    cfg.quorum = a.quorum;
+    cfg.max_length = a.max_length;
+    cfg.delivery_limit = a.delivery_limit;
+    cfg.dead_letter_exchange = a.dead_letter_exchange.clone();
+    cfg.tls = a.tls.clone();
+    cfg.timeout = d.timeout;
+    cfg
 }
 
 /// How long a worker's lease on a delivery lasts: longer than any attempt, the longest

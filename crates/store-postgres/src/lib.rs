@@ -196,6 +196,29 @@ impl PostgresStore {
         })
     }
 
+    /// Connects once and reads what [`PostgresStore::connect`] would check, changing nothing
+    /// (`hooklatch check-config --connect`): the unsafe durability settings, and the schema's
+    /// version against this build's.
+    pub async fn probe(opts: &PgOptions) -> Result<Probe, StoreError> {
+        let connect = opts.connect_options().map_err(StoreError::Unavailable)?;
+        let mut conn = tokio::time::timeout(PROBE_TIMEOUT, sqlx::ConnectOptions::connect(&connect))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "postgres: no connection within {} s",
+                    PROBE_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(map_err)?;
+        let unsafe_durability = durability::check(&mut conn).await.map_err(map_err)?;
+        let schema = schema::current(&mut conn).await.map_err(map_err)?;
+        Ok(Probe {
+            unsafe_durability,
+            schema,
+            this_build: schema::VERSION,
+        })
+    }
+
     /// Runs the migrations (what `hooklatch migrate` does). [`PostgresStore::connect`] already
     /// ran them; running them again finds nothing to do.
     pub async fn migrate(&self) -> Result<(), StoreError> {
@@ -390,6 +413,21 @@ pub(crate) fn sqlstate(err: &sqlx::Error) -> Option<String> {
 
 /// Maps a driver error to the store's error: a full disk is its own case. Messages come from
 /// the driver and the server, which never repeat the connection URL or its password.
+/// What [`PostgresStore::probe`] found.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// The durability settings that make `serve` refuse to start (unless allowed), as
+    /// `name=value`; empty when all are safe.
+    pub unsafe_durability: Vec<String>,
+    /// The schema's version in the database (0: none yet).
+    pub schema: i64,
+    /// The version this build migrates to.
+    pub this_build: i64,
+}
+
+/// How long [`PostgresStore::probe`] waits for its connection.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub(crate) fn map_err(err: sqlx::Error) -> StoreError {
     match sqlstate(&err).as_deref() {
         Some("53100") => return StoreError::Full,

@@ -212,6 +212,21 @@ pub(crate) enum MigrateError {
 /// Brings the database up to [`VERSION`]; refuses a database written by a newer build. Safe to
 /// run from several instances at once: they queue on the advisory lock.
 /// Returns the version found (0 for a database hooklatch never used).
+/// The schema's version in the database, 0 when it has none yet; reads, changes nothing.
+pub(crate) async fn current(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    let exists: bool = sqlx::query("SELECT to_regclass('hooklatch_schema_version') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)?;
+    if !exists {
+        return Ok(0);
+    }
+    sqlx::query("SELECT COALESCE(max(version), 0) FROM hooklatch_schema_version")
+        .fetch_one(&mut *conn)
+        .await?
+        .try_get(0)
+}
+
 pub(crate) async fn migrate(conn: &mut PgConnection) -> Result<i64, MigrateError> {
     let mut tx = conn.begin().await?;
     // Waiting for another instance's migration is expected: not bounded by the wait limit.

@@ -18,6 +18,7 @@ mod test_database;
 mod admin_cli;
 mod api_fuzz;
 mod booking;
+mod check_config;
 mod crash;
 mod deploy;
 mod failpoints;
