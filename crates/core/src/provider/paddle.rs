@@ -102,6 +102,13 @@ impl ProviderAdapter for Paddle {
 /// Splits `ts=…;h1=…;h1=…;h2=…` into the timestamp and the `h1` signatures. Items without `=`
 /// and schemes other than `ts` and `h1` are ignored.
 fn parse_header(value: &str) -> Result<SignatureHeader<'_>, Rejection> {
+    // Stripe's syntax, easy to carry over when writing a sender by hand.
+    if value.contains(',') && !value.contains(';') {
+        return Err(malformed(
+            SIGNATURE_HEADER,
+            "separates its items with `,`: Paddle's are separated by `;` (ts=…;h1=…)",
+        ));
+    }
     let mut timestamp_text = None;
     let mut h1 = Vec::new();
     for (key, val) in value
@@ -323,6 +330,16 @@ mod tests {
         ] {
             check(&header, BODY, &[NEW], Err("malformed_signature"));
         }
+    }
+
+    /// Stripe's comma syntax gets a message that says so, not "a `ts` that is not an integer".
+    #[test]
+    fn a_header_in_stripes_syntax_is_told_the_separator() {
+        let h1 = h1_of(&signature(NEW, NOW, BODY)).to_owned();
+        let got = verify(Some(&format!("ts={NOW},h1={h1}")), BODY, &[NEW]);
+        let message = got.expect_err("malformed").message();
+        assert!(message.contains("separated by `;`"), "{message}");
+        assert!(!message.contains(&h1), "{message}");
     }
 
     #[test]
