@@ -225,7 +225,7 @@ async fn open_keys(
     tracing::info!(
         keys = %hooklatch_keys_redis::describe_url(&keys.url),
         prefix = %keys.prefix,
-        lease = ?keys.lease,
+        lease_ms = keys.lease.as_millis() as u64,
         "idempotency keys live in Redis"
     );
     Ok(Some(hooklatch_http::ExternalKeys {
@@ -459,7 +459,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         // A load balancer that polls `/readyz` stops sending here; what it sends until it
         // notices is still taken.
         tracing::info!(
-            delay = ?settings.shutdown_delay,
+            delay_s = settings.shutdown_delay.as_secs_f64(),
             "shutting down: /readyz answers 503; still taking requests for server.shutdown_delay"
         );
         tokio::time::sleep(settings.shutdown_delay).await;
@@ -562,7 +562,7 @@ fn log_effective_config(settings: &Settings) {
     };
     tracing::info!(
         listen = %settings.listen,
-        tls = ?settings.tls.as_ref().map(|t| t.cert_file.display().to_string()),
+        tls_cert = settings.tls.as_ref().map(|t| t.cert_file.display().to_string()),
         admin_listen = %settings.admin_listen,
         admin_tls = settings.admin_tls,
         %store,
@@ -579,7 +579,7 @@ fn log_effective_config(settings: &Settings) {
             source = %s.name,
             provider = s.adapter.provider(),
             secrets = s.secrets.len(),
-            destinations = ?s.destinations,
+            destinations = s.destinations.join(", "),
             tolerance_s,
             retention_s = s.retention.as_secs(),
             "source"
@@ -598,7 +598,12 @@ fn log_effective_config(settings: &Settings) {
                     destination = %d.name,
                     url = %url,
                     signed = secret.is_some(),
-                    allow = ?allow.allowed().iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    allow = allow
+                        .allowed()
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
                     ca_file = tls.ca_pem.is_some(),
                     client_certificate = tls.client.is_some(),
                     max_attempts = d.retry.max_attempts,

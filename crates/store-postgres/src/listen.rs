@@ -117,7 +117,7 @@ pub(crate) async fn run(
             _ = shutdown.changed() => return,
             err = listen(&connect, &notify, &mut backoff) => err,
         };
-        tracing::warn!(err = %crate::map_err(err), retry_in = ?backoff, "postgres: listening for work failed");
+        tracing::warn!(err = %crate::map_err(err), retry_in_ms = backoff.as_millis() as u64, "postgres: listening for work failed");
         tokio::select! {
             _ = shutdown.changed() => return,
             _ = tokio::time::sleep(backoff) => {}

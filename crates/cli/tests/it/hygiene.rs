@@ -90,6 +90,17 @@ async fn leaks_nothing(log_format: &'static str) {
                 .all(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
             "every log line is JSON"
         );
+        // Values a collector can use: no Rust debug text (`None`, a list's brackets).
+        for line in &lines {
+            let line: serde_json::Value = serde_json::from_str(line).expect("JSON");
+            for (name, value) in line["fields"].as_object().into_iter().flatten() {
+                let text = value.as_str().unwrap_or_default();
+                assert!(
+                    text != "None" && !text.starts_with("Some(") && !text.starts_with("[\""),
+                    "{name}: {value} in {line}"
+                );
+            }
+        }
     }
     let metrics = gateway.metrics().await;
     let export = hooklatch(
