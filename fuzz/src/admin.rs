@@ -8,14 +8,13 @@
 //! store is left as it was (no import, redelivery, retry, dismissal or disabled destination).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 
 use arbitrary::Arbitrary;
 use axum::body::Body;
 use hooklatch_core::store::{DeliveryFilter, RequestFilter};
 use hooklatch_core::{Secret, Store, Timestamp};
-use hooklatch_http::{admin_router, AdminState, DisabledDestinations};
+use hooklatch_http::{admin_router, AdminState, DisabledDestinations, Readiness};
 use hooklatch_testkit::MemoryStore;
 use http::{HeaderValue, Method, Request, Uri};
 use http_body_util::BodyExt;
@@ -154,12 +153,17 @@ pub fn run(input: &Input<'_>) {
         store: store.clone(),
         token: Secret::from_text(TOKEN),
         metrics: Arc::new(String::new),
-        ready: Arc::new(AtomicBool::new(true)),
+        readiness: {
+            let readiness = Arc::new(Readiness::default());
+            readiness.set_ready();
+            readiness
+        },
         enqueued: Arc::new(Notify::new()),
         destinations: HashMap::from([("s0".to_owned(), vec!["app".to_owned()])]),
         destination_kinds: vec![("app".to_owned(), "http")],
         disabled: Arc::new(DisabledDestinations::default()),
         keys: None,
+        body_limit: 1 << 20,
     }));
 
     let (method, path) = match &input.target {
