@@ -72,8 +72,10 @@ Examples:
   kill -HUP \"$(pgrep -x hooklatch)\"
 
 Logs go to stderr; RUST_LOG sets the level (default info). Stop with ctrl-c or SIGTERM:
-requests in flight finish, deliveries in flight finish or are handed back. With
-server.tls_cert, SIGHUP reads the certificate and key again.")]
+/readyz says \"shutting down\", requests in flight finish, deliveries in flight finish or are
+handed back; a second ctrl-c or SIGTERM stops at once (exit status 130; what was in flight
+goes out again, as after a crash). With server.tls_cert, SIGHUP reads the certificate and
+key again.")]
     Serve {
         /// The TOML configuration file (defaults apply without one).
         #[arg(short, long, value_name = "FILE")]
@@ -1015,15 +1017,15 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             let contacts = client_runtime()?.block_on(hooklatch::contact::contact(&settings));
             let mut failed = false;
             for c in &contacts {
-                let (mark, said) = match &c.outcome {
-                    Ok(said) => ("ok  ", said.as_str()),
-                    Err(said) if c.required => {
+                let mark = match c.state {
+                    hooklatch::contact::State::Ok => "ok  ",
+                    hooklatch::contact::State::Warn => "warn",
+                    hooklatch::contact::State::Fail => {
                         failed = true;
-                        ("FAIL", said.as_str())
+                        "FAIL"
                     }
-                    Err(said) => ("warn", said.as_str()),
                 };
-                println!("{mark} {:<12} {}: {said}", c.what, c.at);
+                println!("{mark} {:<12} {}: {}", c.what, c.at, c.said);
             }
             Ok(if failed {
                 Outcome::Failed
@@ -1090,7 +1092,9 @@ fn init_tracing(format: LogFormat) {
 }
 
 /// Cancels `cancel` on Ctrl-C or SIGTERM. SIGHUP never stops the process (its default
-/// would): it is logged with `on_hangup`, or left to the TLS reload that listens for it.
+/// would): it is logged with `on_hangup`, or left to the TLS reload that listens for it. A
+/// second Ctrl-C or SIGTERM while stopping ends the process at once: what was in flight is
+/// given back as after a crash (nothing acknowledged is lost; a delivery goes out again).
 async fn cancel_on_signal(cancel: CancellationToken, on_hangup: Option<&'static str>) {
     #[cfg(unix)]
     {
@@ -1111,35 +1115,45 @@ async fn cancel_on_signal(cancel: CancellationToken, on_hangup: Option<&'static 
                 None
             }
         };
-        loop {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {
-                    tracing::info!("ctrl-c received");
-                    break;
-                }
-                _ = term.recv() => {
-                    tracing::info!("SIGTERM received");
-                    break;
-                }
-                Some(()) = async {
-                    match hangup.as_mut() {
-                        Some(h) => h.recv().await,
-                        None => std::future::pending().await,
+        for stop in 0..2 {
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {
+                        tracing::info!("ctrl-c received");
+                        break;
                     }
-                } => {
-                    if let Some(message) = on_hangup {
-                        tracing::info!("{message}");
+                    _ = term.recv() => {
+                        tracing::info!("SIGTERM received");
+                        break;
+                    }
+                    Some(()) = async {
+                        match hangup.as_mut() {
+                            Some(h) => h.recv().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {
+                        if let Some(message) = on_hangup {
+                            tracing::info!("{message}");
+                        }
                     }
                 }
             }
+            if stop == 0 {
+                cancel.cancel();
+            }
         }
+        tracing::warn!(
+            "a second stop signal: stopping now, without waiting for what is in flight \
+             (deliveries in flight go out again at the next start)"
+        );
+        std::process::exit(130);
     }
     #[cfg(not(unix))]
     {
         let _ = on_hangup;
         let _ = tokio::signal::ctrl_c().await;
+        cancel.cancel();
     }
-    cancel.cancel();
 }
 
 fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {

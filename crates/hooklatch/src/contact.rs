@@ -20,38 +20,70 @@ pub struct Contact {
     /// Where, with no credential.
     pub at: String,
     /// What it answered, or why nothing did.
-    pub outcome: Result<String, String>,
-    /// Whether `serve` needs it to start.
-    pub required: bool,
+    pub said: String,
+    /// What that means for `serve`.
+    pub state: State,
+}
+
+/// What a contact means for `serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// It answered as `serve` needs.
+    Ok,
+    /// `serve` starts, but would warn about it, or cannot reach it yet.
+    Warn,
+    /// `serve` would not start.
+    Fail,
+}
+
+impl Contact {
+    /// `outcome` of a service `serve` needs (`Err`: it would not start) or does not (`Err`: it
+    /// would start, and say so).
+    fn new(what: &str, at: String, outcome: Result<String, String>, required: bool) -> Contact {
+        let (state, said) = match outcome {
+            Ok(said) => (State::Ok, said),
+            Err(said) if required => (State::Fail, said),
+            Err(said) => (State::Warn, said),
+        };
+        Contact {
+            what: what.to_owned(),
+            at,
+            said,
+            state,
+        }
+    }
 }
 
 /// Contacts every service `settings` names: the store, the key store, each destination.
 pub async fn contact(settings: &Settings) -> Vec<Contact> {
     let mut contacts = vec![store(settings).await];
     if let Some(keys) = &settings.store.keys {
-        let outcome = match hooklatch_keys_redis::RedisKeys::connect_with_tls(
+        let at = format!("redis {}", hooklatch_keys_redis::describe_url(&keys.url));
+        let contact = match hooklatch_keys_redis::RedisKeys::connect_with_tls(
             &keys.url,
             &keys.prefix,
             &keys.tls,
         )
         .await
         {
-            Ok(redis) => {
-                let warnings = redis.check().await;
-                Ok(if warnings.is_empty() {
-                    "answers; its settings keep keys".to_owned()
-                } else {
-                    format!("answers, but {}", warnings.join("; "))
-                })
-            }
-            Err(err) => Err(err.to_string()),
+            Ok(redis) => match redis.check().await {
+                warnings if warnings.is_empty() => Contact::new(
+                    "keys",
+                    at,
+                    Ok("answers; its settings keep keys".to_owned()),
+                    true,
+                ),
+                // serve starts, warns, and counts them in hooklatch_key_store_may_forget.
+                warnings => Contact {
+                    what: "keys".to_owned(),
+                    at,
+                    said: format!("answers, but {}", warnings.join("; ")),
+                    state: State::Warn,
+                },
+            },
+            Err(err) => Contact::new("keys", at, Err(err.to_string()), true),
         };
-        contacts.push(Contact {
-            what: "keys".to_owned(),
-            at: format!("redis {}", hooklatch_keys_redis::describe_url(&keys.url)),
-            outcome,
-            required: true,
-        });
+        contacts.push(contact);
     }
     for d in &settings.destinations {
         contacts.push(destination(d).await);
@@ -62,12 +94,27 @@ pub async fn contact(settings: &Settings) -> Vec<Contact> {
 async fn store(settings: &Settings) -> Contact {
     match &settings.store.backend {
         #[cfg(feature = "sqlite")]
-        StoreBackend::Sqlite(opts) => Contact {
-            what: "store".to_owned(),
-            at: format!("sqlite {}", opts.path.display()),
-            outcome: sqlite_file(&opts.path),
-            required: true,
-        },
+        StoreBackend::Sqlite(opts) => {
+            let at = format!("sqlite {}", opts.path.display());
+            match hooklatch_store_sqlite::serving::ServingLock::holder(&opts.path) {
+                // The file is fine (a gateway serves it); a second serve would not start.
+                Some(pid) => Contact {
+                    what: "store".to_owned(),
+                    at,
+                    said: format!(
+                        "served now by {}: a second serve on this file would not start \
+                         (one serve per SQLite file)",
+                        if pid.is_empty() {
+                            "another process".to_owned()
+                        } else {
+                            format!("process {pid}")
+                        }
+                    ),
+                    state: State::Warn,
+                },
+                None => Contact::new("store", at, sqlite_file(&opts.path), true),
+            }
+        }
         #[cfg(feature = "postgres")]
         StoreBackend::Postgres(opts) => {
             let outcome = match hooklatch_store_postgres::PostgresStore::probe(opts).await {
@@ -100,12 +147,12 @@ async fn store(settings: &Settings) -> Contact {
                     }
                 )),
             };
-            Contact {
-                what: "store".to_owned(),
-                at: format!("postgres {}", opts.redacted_url()),
+            Contact::new(
+                "store",
+                format!("postgres {}", opts.redacted_url()),
                 outcome,
-                required: true,
-            }
+                true,
+            )
         }
     }
 }
@@ -155,8 +202,21 @@ async fn destination(d: &crate::config::Destination) -> Contact {
                 // HEAD: an answer of any status says the address, the TLS and the allow list
                 // work; nothing is delivered.
                 Ok(client) => match client.head(url.clone()).timeout(TIMEOUT).send().await {
+                    // Nothing at that path, most likely: a delivery would get the same.
+                    Ok(res) if res.status() == reqwest::StatusCode::NOT_FOUND => {
+                        Err("answers, but HTTP 404 to HEAD: is the path right?".to_owned())
+                    }
                     Ok(res) => Ok(format!("answers (HTTP {} to HEAD)", res.status().as_u16())),
-                    Err(err) => Err(crate::delivery::describe(&err, TIMEOUT)),
+                    Err(err) => {
+                        let said = crate::delivery::describe(&err, TIMEOUT);
+                        Err(
+                            if url.scheme() == "https" && said.contains("InvalidContentType") {
+                                format!("{said} (is it a TLS server? the url says https)")
+                            } else {
+                                said
+                            },
+                        )
+                    }
                 },
             };
             (format!("http {}", crate::loggable(url)), outcome)
@@ -176,10 +236,5 @@ async fn destination(d: &crate::config::Destination) -> Contact {
             Ok("nothing to contact: hooklatch listen connects to the gateway".to_owned()),
         ),
     };
-    Contact {
-        what: d.name.clone(),
-        at,
-        outcome,
-        required: false,
-    }
+    Contact::new(&d.name, at, outcome, false)
 }

@@ -307,7 +307,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     )))
     .merge(listen::router(listen.clone()));
     let render = metrics.clone();
-    let admin = hooklatch_http::admin_router(Arc::new(AdminState {
+    let admin_state = Arc::new(AdminState {
         store: store.clone(),
         token: settings.admin_token.clone(),
         metrics: Arc::new(move || render.render()),
@@ -326,7 +326,8 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
             .collect(),
         disabled: disabled.clone(),
         keys: keys.map(|k| k.store),
-    }));
+    });
+    let admin = hooklatch_http::admin_router(admin_state.clone());
 
     let destinations: HashMap<_, _> = settings
         .destinations
@@ -443,10 +444,12 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         store.clone(),
         settings.store.clone(),
         metrics,
+        admin_state,
         stop_serving.clone(),
     ));
 
     readiness.set_ready();
+    metrics::gauge!("hooklatch_ready").set(1.0);
     tracing::info!(listen = %settings.listen, admin = %settings.admin_listen, "hooklatch is ready");
     tracing::info!(
         "web inspector: {}://{}/ui/ (with the admin token)",
@@ -455,6 +458,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     );
     cancel.cancelled().await;
     readiness.set_stopping();
+    metrics::gauge!("hooklatch_ready").set(0.0);
     if !settings.shutdown_delay.is_zero() {
         // A load balancer that polls `/readyz` stops sending here; what it sends until it
         // notices is still taken.

@@ -28,6 +28,7 @@ pub(crate) async fn run(
     store: Arc<dyn Store>,
     settings: StoreSettings,
     metrics: PrometheusHandle,
+    admin: Arc<hooklatch_http::AdminState>,
     cancel: CancellationToken,
 ) {
     let mut upkeep = tokio::time::interval(UPKEEP_INTERVAL);
@@ -47,6 +48,10 @@ pub(crate) async fn run(
                 }
             }
             _ = gauges.tick() => {
+                // What /readyz would say, for an alert that needs no prober: a store or key
+                // store down with no traffic coming in shows here.
+                let ready = hooklatch_http::not_ready_because(&admin).await.is_none();
+                metrics::gauge!("hooklatch_ready").set(if ready { 1.0 } else { 0.0 });
                 match store.outbox_counts().await {
                     Ok(counts) => {
                         metrics::gauge!("hooklatch_outbox_pending").set(counts.pending as f64);

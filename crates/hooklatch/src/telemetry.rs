@@ -21,7 +21,7 @@ pub(crate) enum Kind {
 /// Every metric hooklatch records, with its help text (README, "Metrics", says more).
 pub(crate) const METRICS: &[(&str, Kind, &str)] = &[
     ("hooklatch_requests_total", Kind::Counter,
-     "Ingest requests by source and verdict; reason: a rejection's code, or store_full / store_unavailable for verdict=\"error\"."),
+     "Ingest requests by source and verdict; reason: a rejection's code, or why the gateway failed for verdict=\"error\" (store_full, store_unavailable, key_store_unavailable)."),
     ("hooklatch_ack_seconds", Kind::Histogram,
      "Time from a request's arrival to its answer, by verdict."),
     ("hooklatch_conflicts_total", Kind::Counter,
@@ -54,6 +54,8 @@ pub(crate) const METRICS: &[(&str, Kind, &str)] = &[
      "`hooklatch listen` clients connected, by destination."),
     ("hooklatch_listen_refused_total", Kind::Counter,
      "`hooklatch listen` connections refused, by code."),
+    ("hooklatch_ready", Kind::Gauge,
+     "1 while the gateway takes traffic, as /readyz says (refreshed every 5 s); 0 while starting, shutting down, or with the store or key store not answering."),
     ("hooklatch_store_full", Kind::Gauge,
      "1 while the store refuses events because it is full."),
     ("hooklatch_store_group_commit_jobs", Kind::Histogram,
@@ -104,7 +106,11 @@ pub(crate) fn register(settings: &Settings) {
                 "source" => name.clone(), "verdict" => "rejected", "reason" => reason)
             .absolute(0);
         }
-        for reason in ["store_full", "store_unavailable"] {
+        let mut errors = vec!["store_full", "store_unavailable"];
+        if settings.store.keys.is_some() {
+            errors.push("key_store_unavailable");
+        }
+        for reason in errors {
             metrics::counter!("hooklatch_requests_total",
                 "source" => name.clone(), "verdict" => "error", "reason" => reason)
             .absolute(0);
@@ -118,12 +124,15 @@ pub(crate) fn register(settings: &Settings) {
         let mut outcomes = vec!["delivered", "retry", "dead_letter"];
         match &dest.kind {
             DestinationKind::Http { .. } if dest.disable_on_gone => outcomes.push("gone"),
+            DestinationKind::Listen { .. } => {
+                metrics::gauge!("hooklatch_listeners", "destination" => dest.name.clone()).set(0.0);
+            }
             DestinationKind::Amqp(_) => {
                 metrics::counter!("hooklatch_amqp_returned_total",
                     "destination" => dest.name.clone())
                 .absolute(0);
             }
-            _ => {}
+            DestinationKind::Http { .. } => {}
         }
         for outcome in outcomes {
             metrics::counter!("hooklatch_delivery_attempts_total",
@@ -136,6 +145,9 @@ pub(crate) fn register(settings: &Settings) {
     for code in ["malformed_request", "headers_too_large", "uri_too_long"] {
         metrics::counter!("hooklatch_malformed_requests_total", "code" => code).absolute(0);
     }
+    metrics::gauge!("hooklatch_store_full").set(0.0);
+    metrics::gauge!("hooklatch_ready").set(0.0);
+    metrics::counter!("hooklatch_delivery_handoffs_total").absolute(0);
     for outcome in ["recorded", "gave_up"] {
         metrics::counter!("hooklatch_attempt_record_retries_total", "outcome" => outcome)
             .absolute(0);

@@ -30,7 +30,7 @@ use axum::Router;
 use hooklatch_core::{KeyStore, ProviderAdapter, Secret, SourceName, Store};
 use tokio::sync::Notify;
 use tower_http::classify::{ServerErrorsAsFailures, SharedClassifier};
-use tower_http::trace::{DefaultOnRequest, DefaultOnResponse, TraceLayer};
+use tower_http::trace::{DefaultOnFailure, DefaultOnRequest, DefaultOnResponse, TraceLayer};
 use tracing::Level;
 
 pub use disabled::{DisabledDestinations, Reloaded};
@@ -107,9 +107,11 @@ const READY: u8 = 1;
 const STOPPING: u8 = 2;
 
 impl Readiness {
-    /// Started: `/readyz` answers 200 while the stores answer.
+    /// Started: `/readyz` answers 200 while the stores answer. Once stopping, it stays so.
     pub fn set_ready(&self) {
-        self.0.store(READY, Ordering::Release);
+        let _ = self
+            .0
+            .compare_exchange(STARTING, READY, Ordering::AcqRel, Ordering::Acquire);
     }
 
     /// Shutting down: `/readyz` answers 503 `shutting down` from now on.
@@ -159,6 +161,11 @@ pub fn ingest_router(state: Arc<IngestState>) -> Router {
     routes::ingest::router(state).layer(trace_layer())
 }
 
+/// Why the gateway cannot take traffic now, as `/readyz` says it (`None`: ready).
+pub async fn not_ready_because(state: &AdminState) -> Option<&'static str> {
+    routes::health::not_ready_because(state).await
+}
+
 /// The admin router: `/v1/…`, `/metrics`, `/healthz`, `/readyz`.
 pub fn admin_router(state: Arc<AdminState>) -> Router {
     routes::admin_router(state).layer(trace_layer())
@@ -167,11 +174,15 @@ pub fn admin_router(state: Arc<AdminState>) -> Router {
 /// One span per request, at debug level, naming method and path only: no headers (they carry
 /// signatures and tokens) and no query string (Meta's subscription check carries the verify
 /// token there, a Twilio voice webhook its caller's details).
+/// A 5xx answer (a `/readyz` 503 on every probe while not ready, ingest's 503s while the store
+/// is full) is logged by the code that decided it, once, in its words: the layer says it at
+/// debug level only, as every other response.
 fn trace_layer() -> TraceLayer<SharedClassifier<ServerErrorsAsFailures>, SpanOf> {
     TraceLayer::new_for_http()
         .make_span_with(span_of as SpanOf)
         .on_request(DefaultOnRequest::new().level(Level::DEBUG))
         .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+        .on_failure(DefaultOnFailure::new().level(Level::DEBUG))
 }
 
 /// How a request's span is made ([`trace_layer`]).
@@ -184,4 +195,23 @@ fn span_of(request: &axum::http::Request<axum::body::Body>) -> tracing::Span {
         path = %request.uri().path(),
         version = ?request.version()
     )
+}
+
+#[cfg(test)]
+mod readiness_tests {
+    use super::Readiness;
+
+    /// Not ready until started, ready while serving, and "shutting down" for good once
+    /// stopping: a stop is never undone by a late `set_ready`.
+    #[test]
+    fn readiness_goes_from_starting_to_ready_to_shutting_down() {
+        let readiness = Readiness::default();
+        assert_eq!(readiness.not_ready_because(), Some("starting"));
+        readiness.set_ready();
+        assert_eq!(readiness.not_ready_because(), None);
+        readiness.set_stopping();
+        assert_eq!(readiness.not_ready_because(), Some("shutting down"));
+        readiness.set_ready();
+        assert_eq!(readiness.not_ready_because(), Some("shutting down"));
+    }
 }

@@ -88,6 +88,15 @@ impl PgOptions {
                     .into(),
             );
         }
+        // A '/' or '?' in a password, unencoded, ends the host part early: the rest of the
+        // password would be read as the path or the query, and named in an error.
+        if raw_delimiter_in_userinfo(url) {
+            return Err(
+                "the URL's user or password holds a '/' or '?' that is not percent-encoded: \
+                 '/' is %2F, '?' is %3F ('@' is %40, ':' is %3A, '#' is %23)"
+                    .into(),
+            );
+        }
         let (base, query) = match url.split_once('?') {
             Some((base, query)) => (base, query),
             None => (url, ""),
@@ -262,6 +271,25 @@ fn parse_duration(s: &str) -> Option<Duration> {
     (!res.is_zero()).then_some(res)
 }
 
+/// Whether an '@' comes after the host part ends (at the first '/' or '?') and before any
+/// query parameter's '=': the sign of a user or password holding an unencoded '/' or '?'
+/// (`postgres://u:pa?ss@host/db`), not of an '@' in a parameter's value.
+fn raw_delimiter_in_userinfo(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let Some(end) = rest.find(['/', '?']) else {
+        return false;
+    };
+    if rest[..end].contains('@') {
+        return false;
+    }
+    let after = &rest[end..];
+    match (after.find('@'), after.find('=')) {
+        (Some(at), Some(eq)) => at < eq,
+        (Some(_), None) => true,
+        (None, _) => false,
+    }
+}
+
 /// Replaces the password in `scheme://user:password@host/…` (and a `password=` query
 /// parameter) with `***`.
 fn redact(url: &str) -> String {
@@ -382,6 +410,18 @@ mod tests {
         assert!(!err.contains("Secret2"), "{err}");
         let err = PgOptions::from_url("postgres://u:hunter2@h:notaport/db").unwrap_err();
         assert!(!err.contains("hunter2"), "{err}");
+        // A '?' or '/' in a password: the rest of it would be read as a parameter or a path.
+        for url in [
+            "postgres://postgres:abc?defSECRET@127.0.0.1:5432/db",
+            "postgres://postgres:s3c/r?3tSECRET@127.0.0.1:5432/db",
+            "postgres://postgres:s3c/rSECRET@127.0.0.1:5432/db",
+        ] {
+            let err = PgOptions::from_url(url).unwrap_err();
+            assert!(err.contains("is %3F"), "{err}");
+            assert!(!err.contains("SECRET"), "{err}");
+        }
+        // An '@' in a parameter's value is no such sign.
+        assert!(PgOptions::from_url("postgres://u:p@h/db?application_name=a@b").is_ok());
     }
 
     #[test]

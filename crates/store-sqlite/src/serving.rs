@@ -41,6 +41,25 @@ pub fn lock_path(db: &Path) -> PathBuf {
 }
 
 impl ServingLock {
+    /// Who serves the database at `db` now, if anyone: `Some` with the holder's process id
+    /// (empty if it wrote none). Changes nothing: the lock file is opened read-only, never
+    /// created, and a lock it gets is let go at once.
+    pub fn holder(db: &Path) -> Option<String> {
+        let mut file = File::open(lock_path(db)).ok()?;
+        match file.try_lock() {
+            Ok(()) => {
+                let _ = file.unlock();
+                None
+            }
+            Err(TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = file.read_to_string(&mut holder);
+                Some(holder.trim().to_owned())
+            }
+            Err(TryLockError::Error(_)) => None,
+        }
+    }
+
     /// Takes the lock for the database at `db` without waiting, and writes this process's id
     /// into the lock file. Fails with a message naming the holder's process id when another
     /// process holds it.
@@ -100,6 +119,21 @@ mod tests {
             lock_path(Path::new("/var/lib/hooklatch/hooklatch.db")),
             Path::new("/var/lib/hooklatch/hooklatch.db-serving")
         );
+    }
+
+    #[test]
+    fn the_holder_is_named_while_the_lock_is_held_and_nothing_is_made() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("h.db");
+        assert_eq!(ServingLock::holder(&db), None);
+        assert!(!lock_path(&db).exists(), "asking made the lock file");
+        let lock = ServingLock::take(&db).unwrap();
+        assert_eq!(
+            ServingLock::holder(&db),
+            Some(std::process::id().to_string())
+        );
+        drop(lock);
+        assert_eq!(ServingLock::holder(&db), None);
     }
 
     #[test]

@@ -47,6 +47,11 @@ async fn a_fresh_gateway_describes_its_metrics_and_counts_from_zero() {
             "no {series} 0:\n{text}"
         );
     }
+    assert!(
+        text.contains("hooklatch_ready 1\n"),
+        "ready once started:\n{text}"
+    );
+    assert!(text.contains("hooklatch_store_full 0\n"), "{text}");
     // GitHub signs no timestamp: no series for a refusal it cannot make.
     assert!(
         !text.contains(&rejected("github", "stale_timestamp")),

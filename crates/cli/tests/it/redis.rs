@@ -609,10 +609,27 @@ async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recove
     assert!(retry_after.is_some(), "a 503 says when to retry");
     let (status, _) = gateway.admin_get("/readyz").await;
     assert_eq!(status, 503, "/readyz reports the key store");
+    eventually_within(
+        "hooklatch_ready says it too, with nothing probing /readyz",
+        Duration::from_secs(30),
+        async || gateway.metric("hooklatch_ready").await == 0.0,
+    )
+    .await;
     let rejected = gateway.requests("verdict=rejected").await;
     assert_eq!(rejected.len(), 1, "{rejected:?}");
     assert_eq!(rejected[0]["reason"], "key_store_unavailable");
     assert_eq!(rejected[0]["status"], 503);
+    // Counted as the gateway's failure, not as a refusal of the request.
+    let source = r#"hooklatch_requests_total{source="stripe","#;
+    let error = format!(r#"{source}verdict="error",reason="key_store_unavailable"}}"#);
+    let rejected = format!(r#"{source}verdict="rejected",reason="key_store_unavailable"}}"#);
+    assert_eq!(
+        (
+            gateway.metric(&error).await,
+            gateway.metric(&rejected).await
+        ),
+        (1.0, 0.0)
+    );
 
     // Redis is back (empty: it kept nothing): the provider's retry is accepted.
     let _own = OwnRedis::start(port).await;

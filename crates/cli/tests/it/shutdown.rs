@@ -88,9 +88,39 @@ async fn during_the_shutdown_delay_readyz_says_shutting_down_and_events_are_stil
 
     let status = gw.wait_exit().await;
     assert!(status.success(), "exit status {status}");
+    let log = gw.log();
     assert!(
-        gw.log()
-            .contains("still taking requests for server.shutdown_delay"),
+        log.contains("still taking requests for server.shutdown_delay"),
+        "{}",
+        gw.log_tail(20)
+    );
+    // A probe's 503 is the state it reports, not an error to log at every poll.
+    assert!(!log.contains("ERROR"), "{}", gw.log_tail(30));
+}
+
+/// A second SIGTERM while the gateway stops (here, in its shutdown delay) ends it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_stops_at_once() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let mut gw = Gateway::start_with(
+        &handler,
+        Options {
+            server_config: "shutdown_delay = \"60s\"".to_owned(),
+            log_level: "info",
+            ..Options::default()
+        },
+    )
+    .await;
+    gw.sigterm();
+    wait_until("the gateway is in its shutdown delay", || {
+        gw.log().contains("still taking requests")
+    })
+    .await;
+    gw.sigterm();
+    let status = gw.wait_exit().await;
+    assert_eq!(status.code(), Some(130), "{}", gw.log_tail(20));
+    assert!(
+        gw.log().contains("a second stop signal: stopping now"),
         "{}",
         gw.log_tail(20)
     );

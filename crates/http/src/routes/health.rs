@@ -19,26 +19,35 @@ pub(crate) async fn healthz() -> Json<serde_json::Value> {
 }
 
 pub(crate) async fn readyz(State(state): State<Arc<AdminState>>) -> Response {
+    match not_ready_because(&state).await {
+        Some(reason) => not_ready(reason),
+        None => Json(json!({ "status": "ready" })).into_response(),
+    }
+}
+
+/// Why the gateway cannot take traffic now, if it cannot: starting or shutting down, or the
+/// store or key store not answering (what `/readyz` says, and `hooklatch_ready` counts).
+pub(crate) async fn not_ready_because(state: &AdminState) -> Option<&'static str> {
     if let Some(reason) = state.readiness.not_ready_because() {
-        return not_ready(reason);
+        return Some(reason);
     }
     match state.store.ping().await {
         Ok(()) => {}
         // Not logged here, on every check: the store logs once when it fills, and once when
         // it has room again.
-        Err(StoreError::Full) => return not_ready("store full"),
+        Err(StoreError::Full) => return Some("store full"),
         Err(err) => {
             tracing::warn!(%err, "readiness check: store failed");
-            return not_ready("store unavailable");
+            return Some("store unavailable");
         }
     }
     if let Some(keys) = &state.keys {
         if let Err(err) = keys.ping().await {
             tracing::warn!(%err, "readiness check: key store failed");
-            return not_ready("key store unavailable");
+            return Some("key store unavailable");
         }
     }
-    Json(json!({ "status": "ready" })).into_response()
+    None
 }
 
 fn not_ready(reason: &str) -> Response {

@@ -710,15 +710,22 @@ async fn ingest_with_keys(
     Ok(outcome)
 }
 
-/// Records a refused request in history (never a claim or a delivery) and answers.
+/// Records a refused request in history (never a claim or a delivery) and answers. Counted
+/// `verdict="rejected"`, or `"error"` when the gateway failed rather than the request (a 5xx:
+/// the key store down), so that an outage is not read as forgeries.
 async fn reject(
     state: &IngestState,
     request: RequestRecord,
     metric_source: &str,
     err: ApiError,
 ) -> Response {
+    let verdict = if err.status.is_server_error() {
+        "error"
+    } else {
+        "rejected"
+    };
     metrics::counter!("hooklatch_requests_total",
-        "source" => metric_source.to_owned(), "verdict" => "rejected", "reason" => err.code)
+        "source" => metric_source.to_owned(), "verdict" => verdict, "reason" => err.code)
     .increment(1);
     tracing::debug!(source = %request.source, code = err.code, "rejected");
     let rejected = Rejected {
