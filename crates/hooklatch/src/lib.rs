@@ -305,7 +305,10 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         keys.clone(),
         (settings.delivery.enabled && settings.delivery.handoff).then(|| handoff.clone()),
     )))
-    .merge(listen::router(listen.clone()));
+    .merge(listen::router(listen.clone()))
+    .layer(axum::middleware::map_response(close_when_stopping(
+        readiness.clone(),
+    )));
     let render = metrics.clone();
     let admin_state = Arc::new(AdminState {
         store: store.clone(),
@@ -485,6 +488,23 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
     drop(opened);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// While shutting down (the shutdown delay above all), each ingest answer carries
+/// `Connection: close`: a client on a kept-alive connection (a load balancer, a provider)
+/// opens its next one elsewhere instead of finding this one closed when the listener stops.
+fn close_when_stopping(
+    readiness: Arc<hooklatch_http::Readiness>,
+) -> impl Fn(axum::response::Response) -> std::future::Ready<axum::response::Response> + Clone {
+    move |mut res: axum::response::Response| {
+        if readiness.is_stopping() {
+            res.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        std::future::ready(res)
+    }
 }
 
 /// The publisher of RabbitMQ destination `d` (whose settings are `a`).

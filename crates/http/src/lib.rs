@@ -119,6 +119,11 @@ impl Readiness {
         self.0.store(STOPPING, Ordering::Release);
     }
 
+    /// Whether the gateway is shutting down.
+    pub fn is_stopping(&self) -> bool {
+        self.0.load(Ordering::Acquire) == STOPPING
+    }
+
     /// Why the gateway is not ready, if it is not: `starting` or `shutting down`.
     pub fn not_ready_because(&self) -> Option<&'static str> {
         match self.0.load(Ordering::Acquire) {

@@ -74,12 +74,21 @@ async fn during_the_shutdown_delay_readyz_says_shutting_down_and_events_are_stil
     let event_id = unique("evt_in_the_delay");
     let key = format!("stripe:{event_id}");
     let body = stripe_invoice_paid(&event_id, 5000);
-    let (status, json) = gw.post("stripe", &stripe_headers(&body), body).await;
+    let res = gw
+        .ingest()
+        .send("stripe", &stripe_headers(&body), body)
+        .await
+        .expect("an answer during the delay");
+    // Told to open its next connection elsewhere.
+    let close = res.headers().get("connection").cloned();
+    let status = res.status().as_u16();
+    let json: serde_json::Value = res.json().await.expect("a JSON answer");
     assert_eq!(
         (status, json["status"].as_str()),
         (200, Some("accepted")),
         "{json}"
     );
+    assert_eq!(close.as_ref().and_then(|v| v.to_str().ok()), Some("close"));
     gw.wait_for_delivery_state(&key, "delivered").await;
     assert!(
         gw.try_wait().is_none(),
