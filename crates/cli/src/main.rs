@@ -862,6 +862,7 @@ fn main() -> ExitCode {
     // Crash points for the end-to-end crash matrix: only in a binary built with the
     // `failpoints` feature (the tests'); nothing is read otherwise.
     let _crash_points = hooklatch::core::crash::setup();
+    quiet_on_a_closed_pipe();
     let cli = Cli::parse();
     match run(cli) {
         Ok(Outcome::Passed) => ExitCode::SUCCESS,
@@ -872,6 +873,26 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// Output piped into a reader that stops early (`hooklatch events list | head`) ends the
+/// process quietly, as other command-line tools end (exit status 141, SIGPIPE's), instead of
+/// with a panic and its backtrace: the standard library ignores SIGPIPE and panics when
+/// `println!` meets the closed pipe. Every other panic is reported as before.
+fn quiet_on_a_closed_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(info);
+    }));
 }
 
 /// How a verb that tests something ended: exit status 0 or 1 (errors are 2).

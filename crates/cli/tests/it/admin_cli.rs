@@ -184,3 +184,20 @@ secrets = ["env:HOOKLATCH_TEST_UNSET_STRIPE_SECRET"]
         "{stderr}"
     );
 }
+
+/// Output into a pipe whose reader is gone (`hooklatch send --list | head -1` once `head` has
+/// its line) ends the process quietly with SIGPIPE's status, 141, not with a panic.
+#[test]
+fn output_into_a_closed_pipe_ends_quietly() {
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_hooklatch"))
+        .args(["send", "--list"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("running hooklatch");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(141), "{stderr}");
+    assert!(stderr.is_empty(), "{stderr}");
+}
