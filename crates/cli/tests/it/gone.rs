@@ -236,7 +236,7 @@ async fn an_operator_disables_and_enables_a_destination_and_mistakes_are_refused
     assert_eq!(status, 401, "the token is required");
     assert_eq!(app(&gw).await["disabled_reason"], "moving the endpoint");
     let (code, _, err) = cli(&gw, &["enable", "nope"]);
-    assert_eq!(code, 2, "an unknown destination: {err}");
+    assert_eq!(code, 1, "an unknown destination is the gateway's no: {err}");
 
     let (status, json) = gw.admin_post("/v1/destinations/app/enable").await;
     assert_eq!(status, 200, "{json}");
