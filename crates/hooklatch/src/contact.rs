@@ -123,8 +123,9 @@ async fn store(settings: &Settings) -> Contact {
                     if !probe.unsafe_durability.is_empty() && !opts.allow_unsafe_durability =>
                 {
                     Err(format!(
-                        "answers, but serve refuses its durability settings: {} \
-                         (--allow-unsafe-durability for a throwaway database)",
+                        "answers, but serve refuses its durability settings: {} (unless \
+                         started with --allow-unsafe-durability, or the URL says \
+                         allow_unsafe_durability=true: for a throwaway database only)",
                         probe.unsafe_durability.join(", ")
                     ))
                 }
