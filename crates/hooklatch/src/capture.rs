@@ -36,6 +36,7 @@ use hooklatch_core::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::config::SourceOutline;
+pub use hooklatch_http::VERIFIED_REFUSALS;
 
 /// The export format's version, written as `"hooklatch_export": 1`.
 pub const EXPORT_VERSION: u32 = 1;
@@ -64,6 +65,9 @@ pub struct Capture {
     /// The gateway's verdict on it (`accepted`, `rejected`, ...), when it came from a gateway
     /// (exports before this field have none).
     pub verdict: Option<String>,
+    /// Why the gateway refused it (`invalid_signature`, `in_flight`, ...), when it did and the
+    /// capture says (exports before this field do not).
+    pub reason: Option<String>,
     /// Headers as received, in order, byte-exact values.
     pub headers: Vec<(String, Vec<u8>)>,
     /// The body, byte-exact.
@@ -101,11 +105,19 @@ impl Capture {
     }
 
     /// Whether the gateway refused it when it came (verdict `rejected`: a signature, key or
-    /// body that did not pass), so nothing vouches for its body. A capture without a verdict
-    /// (an older export) counts as refused when it has a request id and no event key.
+    /// body that did not pass), so nothing vouches for its body. A request refused only after
+    /// its signature passed ([`VERIFIED_REFUSALS`]: another copy in flight, the key store
+    /// down) is genuine and does not count. A capture without a verdict (an older export)
+    /// counts as refused when it has a request id and no event key.
     pub fn was_refused(&self) -> bool {
         match self.verdict.as_deref() {
-            Some(verdict) => verdict == "rejected",
+            Some(verdict) => {
+                verdict == "rejected"
+                    && !self
+                        .reason
+                        .as_deref()
+                        .is_some_and(|reason| VERIFIED_REFUSALS.contains(&reason))
+            }
             None => self.request_id.is_some() && self.keys.is_empty(),
         }
     }
@@ -137,6 +149,7 @@ impl Capture {
             received_at_ms: raw.received_at_ms,
             keys: raw.keys,
             verdict: raw.verdict,
+            reason: raw.reason,
             headers: decode_headers(&raw.headers, &label)?,
             body: decode_b64(&raw.body_base64, &format!("{label}: body_base64"))?,
         })
@@ -196,6 +209,7 @@ pub fn read_export(bytes: &[u8]) -> Result<Vec<Capture>, CaptureError> {
                 received_at_ms: c.received_at_ms,
                 keys: c.keys,
                 verdict: c.verdict,
+                reason: c.reason,
             })
         })
         .collect()
@@ -268,6 +282,7 @@ pub fn write_export(
                 received_at_ms: c.received_at_ms,
                 keys: c.keys.clone(),
                 verdict: c.verdict.clone(),
+                reason: c.reason.clone(),
                 headers: c
                     .headers
                     .iter()
@@ -358,6 +373,8 @@ struct ExportCapture {
     keys: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     verdict: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
     headers: Vec<WireHeader>,
     body_base64: String,
 }
@@ -384,6 +401,8 @@ struct AdminRequest {
     keys: Vec<String>,
     #[serde(default)]
     verdict: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
     headers: Vec<WireHeader>,
     body_base64: String,
     #[serde(default)]
@@ -407,7 +426,8 @@ mod tests {
             path: "/in/stripe".to_owned(),
             received_at_ms: 1_700_000_000_123,
             keys: vec!["evt_1".to_owned()],
-            verdict: None,
+            verdict: Some("rejected".to_owned()),
+            reason: Some("in_flight".to_owned()),
             headers: vec![
                 ("content-type".to_owned(), b"application/json".to_vec()),
                 ("stripe-signature".to_owned(), b"t=1,v1=ab".to_vec()),
@@ -486,7 +506,8 @@ mod tests {
     fn the_admin_api_answer_is_a_capture() {
         let value = serde_json::json!({
             "id": "req_9", "source": "github", "method": "POST", "path": "/in/github",
-            "received_at_ms": 5, "keys": ["d-1"], "verdict": "accepted",
+            "received_at_ms": 5, "keys": ["d-1"], "verdict": "rejected",
+            "reason": "key_store_unavailable", "status": 503,
             "headers": [{"name": "x-github-delivery", "value": "d-1"},
                         {"name": "x-bin", "value_base64": "/w=="}],
             "body_base64": "e30=", "body": "{}", "body_truncated": false, "deliveries": []
@@ -496,6 +517,9 @@ mod tests {
         assert_eq!(c.header("X-GitHub-Delivery"), Some(&b"d-1"[..]));
         assert_eq!(c.header("x-bin"), Some(&[0xffu8][..]));
         assert_eq!(c.body, b"{}");
+        // Refused only after its signature passed: nothing stops a re-signed replay.
+        assert_eq!(c.reason.as_deref(), Some("key_store_unavailable"));
+        assert!(!c.was_refused());
     }
 
     #[track_caller]

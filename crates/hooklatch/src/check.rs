@@ -486,6 +486,7 @@ fn prepare(input: CheckInput, to: &str, notes: &mut Vec<String>) -> Result<Prepa
                 received_at_ms: now.as_millis(),
                 keys: vec![e.key.clone()],
                 verdict: None,
+                reason: None,
                 headers: e
                     .headers
                     .iter()
@@ -858,6 +859,7 @@ mod tests {
             received_at_ms: 0,
             keys: vec!["evt_123456".to_owned()],
             verdict: None,
+            reason: None,
             headers: vec![("x-id".to_owned(), b"evt_123456".to_vec())],
             body: br#"{"id":"evt_123456","n":1}"#.to_vec(),
         };

@@ -882,6 +882,7 @@ mod tests {
             received_at_ms: signed_at.as_millis(),
             keys: vec!["evt_1".to_owned()],
             verdict: None,
+            reason: None,
             headers,
             body,
         };
@@ -989,6 +990,15 @@ mod tests {
             assert_eq!(sign(&capture, mode, true), Ok(true));
         }
         assert_eq!(sign(&capture, SignMode::Original, false), Ok(false));
+        // Refused only after its signature passed (another copy in flight, the key store
+        // down): genuine, re-signed as an accepted one is.
+        capture.reason = Some("invalid_signature".to_owned());
+        assert!(sign(&capture, SignMode::Auto, false).is_err());
+        for reason in ["in_flight", "key_store_unavailable"] {
+            capture.reason = Some(reason.to_owned());
+            assert_eq!(sign(&capture, SignMode::Auto, false), Ok(true), "{reason}");
+        }
+        capture.reason = None;
         // An older export has no verdict: a gateway's request with no event key was refused.
         capture.verdict = None;
         capture.keys.clear();
@@ -1034,6 +1044,7 @@ mod tests {
             received_at_ms: 0,
             keys: vec!["CA1".to_owned()],
             verdict: None,
+            reason: None,
             headers: Vec::new(),
             body: Vec::new(),
         };
@@ -1121,6 +1132,7 @@ mod tests {
             received_at_ms: 0,
             keys: vec!["msg_1".to_owned()],
             verdict: None,
+            reason: None,
             headers: vec![
                 ("svix-id".to_owned(), b"msg_1".to_vec()),
                 ("svix-timestamp".to_owned(), b"1".to_vec()),

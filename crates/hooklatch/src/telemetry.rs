@@ -108,7 +108,7 @@ pub(crate) fn register(settings: &Settings) {
         }
         let mut errors = vec!["store_full", "store_unavailable"];
         if settings.store.keys.is_some() {
-            errors.push("key_store_unavailable");
+            errors.push(hooklatch_http::KEY_STORE_UNAVAILABLE);
         }
         for reason in errors {
             metrics::counter!("hooklatch_requests_total",

@@ -50,6 +50,18 @@ pub const REQUEST_ID_HEADER: &str = "hooklatch-request-id";
 /// admin API" by it.
 pub const NO_ROUTE: &str = "no such route";
 
+/// The refusal codes a request gets only after its signature passed: another copy of its
+/// event in flight (409) and the key store down (503). Such a request is kept in history as
+/// `rejected` like any other refusal, but its body is genuine, so `hooklatch replay` re-signs
+/// it without `--resign-rejected`.
+pub const VERIFIED_REFUSALS: &[&str] = &[IN_FLIGHT, KEY_STORE_UNAVAILABLE];
+
+/// The refusal code of a copy that arrived while another held its event's key (409).
+pub const IN_FLIGHT: &str = "in_flight";
+
+/// The refusal code of a verified request the external key store could not claim (503).
+pub const KEY_STORE_UNAVAILABLE: &str = "key_store_unavailable";
+
 /// A configured source, resolved: what ingest needs to verify and claim its deliveries.
 #[derive(Debug, Clone)]
 pub struct Source {

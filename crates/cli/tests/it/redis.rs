@@ -619,6 +619,7 @@ async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recove
     assert_eq!(rejected.len(), 1, "{rejected:?}");
     assert_eq!(rejected[0]["reason"], "key_store_unavailable");
     assert_eq!(rejected[0]["status"], 503);
+    let refused = rejected[0]["id"].as_str().expect("its id").to_owned();
     // Counted as the gateway's failure, not as a refusal of the request.
     let source = r#"hooklatch_requests_total{source="stripe","#;
     let error = format!(r#"{source}verdict="error",reason="key_store_unavailable"}}"#);
@@ -644,6 +645,19 @@ async fn redis_going_away_is_503_key_store_unavailable_and_never_2xx_then_recove
             && handler.count_for("stripe:evt_during_outage") == 1
     })
     .await;
+
+    // The refused copy passed its signature before the key store failed: `replay` re-signs
+    // it without `--resign-rejected`, and the gateway answers it as the duplicate it now is.
+    let out = gateway.cli("replay", &[&refused, "--via-gateway", "--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("replay --json");
+    assert_eq!(
+        report["replays"][0]["answers"]["duplicate"], 1,
+        "{report:#}"
+    );
+    assert_eq!(handler.count_for("stripe:evt_during_outage"), 1);
 }
 
 /// T3, Redis cut off by the fault proxy: it stops answering (`stall`: no reset, no close,

@@ -850,12 +850,26 @@ jitter = {jitter:?}
 
     /// `hooklatch serve --config {config}` in the gateway's dir, with its environment.
     fn serve_command(&self, config: &Path) -> Command {
+        let mut cmd = self.command("serve", config);
+        cmd.stdin(Stdio::null());
+        cmd
+    }
+
+    /// `hooklatch VERB ARGS… --config <the gateway's config>`, run to its end with the
+    /// gateway's environment (its secrets, its admin token).
+    pub fn cli(&self, verb: &str, args: &[&str]) -> std::process::Output {
+        let mut cmd = self.command(verb, &self.config_path());
+        cmd.args(args).stdin(Stdio::null());
+        cmd.output().expect("running hooklatch")
+    }
+
+    /// `hooklatch VERB --config CONFIG` in the gateway's directory, with its environment.
+    fn command(&self, verb: &str, config: &Path) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_hooklatch"));
-        cmd.arg("serve")
+        cmd.arg(verb)
             .arg("--config")
             .arg(config)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null());
+            .current_dir(self.dir.path());
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("HOOKLATCH_") {
                 cmd.env_remove(name);

@@ -458,7 +458,7 @@ async fn accept(
             let lapses = lease_left.as_secs_f64().ceil().max(1.0) as u64;
             let err = ApiError::new(
                 StatusCode::CONFLICT,
-                "in_flight",
+                crate::IN_FLIGHT,
                 format!(
                     "another copy of this event is being queued right now; retry shortly \
                      (an abandoned claim lapses within {lapses} s)"
@@ -475,7 +475,7 @@ async fn accept(
             tracing::error!(%err, "key store failed");
             let err = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "key_store_unavailable",
+                crate::KEY_STORE_UNAVAILABLE,
                 "the key store is unavailable; retry later",
             );
             return reject(state, *record, source.name.as_str(), err).await;
