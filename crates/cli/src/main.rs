@@ -296,6 +296,10 @@ not, 2 when the configuration is invalid.")]
         /// Contact the store, the key store and each destination, changing nothing.
         #[arg(long, conflicts_with = "print_defaults")]
         connect: bool,
+        /// As serve's: PostgreSQL settings that can lose acknowledged events are a warning
+        /// with --connect, not a failure.
+        #[arg(long, env = "HOOKLATCH_ALLOW_UNSAFE_DURABILITY")]
+        allow_unsafe_durability: bool,
     },
 }
 
@@ -1007,12 +1011,16 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             config,
             print_defaults,
             connect,
+            allow_unsafe_durability,
         } => {
             if print_defaults {
                 print!("{}", config::DEFAULT_CONFIG);
                 return Ok(Outcome::Passed);
             }
-            let settings = config::load(config.as_deref(), &env)?;
+            let mut settings = config::load(config.as_deref(), &env)?;
+            if allow_unsafe_durability {
+                settings.store.allow_unsafe_durability();
+            }
             for warning in config::env_warnings(&env)
                 .into_iter()
                 .chain(settings.warnings())

@@ -52,6 +52,16 @@ impl Contact {
             state,
         }
     }
+
+    /// A service that answered, but that `serve` would warn about.
+    fn warn(what: &str, at: String, said: String) -> Contact {
+        Contact {
+            what: what.to_owned(),
+            at,
+            said,
+            state: State::Warn,
+        }
+    }
 }
 
 /// Contacts every service `settings` names: the store, the key store, each destination.
@@ -74,12 +84,9 @@ pub async fn contact(settings: &Settings) -> Vec<Contact> {
                     true,
                 ),
                 // serve starts, warns, and counts them in hooklatch_key_store_may_forget.
-                warnings => Contact {
-                    what: "keys".to_owned(),
-                    at,
-                    said: format!("answers, but {}", warnings.join("; ")),
-                    state: State::Warn,
-                },
+                warnings => {
+                    Contact::warn("keys", at, format!("answers, but {}", warnings.join("; ")))
+                }
             },
             Err(err) => Contact::new("keys", at, Err(err.to_string()), true),
         };
@@ -98,10 +105,10 @@ async fn store(settings: &Settings) -> Contact {
             let at = format!("sqlite {}", opts.path.display());
             match hooklatch_store_sqlite::serving::ServingLock::holder(&opts.path) {
                 // The file is fine (a gateway serves it); a second serve would not start.
-                Some(pid) => Contact {
-                    what: "store".to_owned(),
+                Some(pid) => Contact::warn(
+                    "store",
                     at,
-                    said: format!(
+                    format!(
                         "served now by {}: a second serve on this file would not start \
                          (one serve per SQLite file)",
                         if pid.is_empty() {
@@ -110,13 +117,14 @@ async fn store(settings: &Settings) -> Contact {
                             format!("process {pid}")
                         }
                     ),
-                    state: State::Warn,
-                },
+                ),
                 None => Contact::new("store", at, sqlite_file(&opts.path), true),
             }
         }
         #[cfg(feature = "postgres")]
         StoreBackend::Postgres(opts) => {
+            // Unsafe settings let through: serve starts, and warns at every start.
+            let mut allowed_unsafe = false;
             let outcome = match hooklatch_store_postgres::PostgresStore::probe(opts).await {
                 Err(err) => Err(err.to_string()),
                 Ok(probe)
@@ -125,7 +133,8 @@ async fn store(settings: &Settings) -> Contact {
                     Err(format!(
                         "answers, but serve refuses its durability settings: {} (unless \
                          started with --allow-unsafe-durability, or the URL says \
-                         allow_unsafe_durability=true: for a throwaway database only)",
+                         allow_unsafe_durability=true: for a throwaway database only; \
+                         check-config takes the same flag)",
                         probe.unsafe_durability.join(", ")
                     ))
                 }
@@ -134,26 +143,28 @@ async fn store(settings: &Settings) -> Contact {
                      hooklatch would run on a newer gateway's tables",
                     probe.schema, probe.this_build
                 )),
-                Ok(probe) => Ok(format!(
-                    "answers; durability settings {}; schema {}",
-                    if probe.unsafe_durability.is_empty() {
-                        "safe".to_owned()
-                    } else {
-                        format!("UNSAFE, allowed ({})", probe.unsafe_durability.join(", "))
-                    },
-                    match probe.schema {
-                        0 => format!("none yet (serve creates v{})", probe.this_build),
-                        v if v == probe.this_build => format!("v{v}, up to date"),
-                        v => format!("v{v} (serve migrates it to v{})", probe.this_build),
-                    }
-                )),
+                Ok(probe) => {
+                    allowed_unsafe = !probe.unsafe_durability.is_empty();
+                    Ok(format!(
+                        "answers; durability settings {}; schema {}",
+                        if probe.unsafe_durability.is_empty() {
+                            "safe".to_owned()
+                        } else {
+                            format!("UNSAFE, allowed ({})", probe.unsafe_durability.join(", "))
+                        },
+                        match probe.schema {
+                            0 => format!("none yet (serve creates v{})", probe.this_build),
+                            v if v == probe.this_build => format!("v{v}, up to date"),
+                            v => format!("v{v} (serve migrates it to v{})", probe.this_build),
+                        }
+                    ))
+                }
             };
-            Contact::new(
-                "store",
-                format!("postgres {}", opts.redacted_url()),
-                outcome,
-                true,
-            )
+            let at = format!("postgres {}", opts.redacted_url());
+            match outcome {
+                Ok(said) if allowed_unsafe => Contact::warn("store", at, said),
+                outcome => Contact::new("store", at, outcome, true),
+            }
         }
     }
 }

@@ -12,6 +12,16 @@ use crate::test_database::TestDatabase;
 /// (TOML `[[destinations]]` tables) over `store` (the `[store]` table's lines); its exit status
 /// and output.
 fn check(store: &str, destinations: &str, names: &[&str]) -> (Option<i32>, String) {
+    check_with(store, destinations, names, &[])
+}
+
+/// [`check`] with `env` set for it.
+fn check_with(
+    store: &str,
+    destinations: &str,
+    names: &[&str],
+    env: &[(&str, &str)],
+) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let path = dir.path().join("hooklatch.toml");
     let names: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
@@ -32,6 +42,7 @@ fn check(store: &str, destinations: &str, names: &[&str]) -> (Option<i32>, Strin
         .arg(&path)
         .current_dir(dir.path())
         .env("HOOKLATCH_ADMIN_TOKEN", ADMIN_TOKEN)
+        .envs(env.iter().copied())
         .output()
         .expect("running hooklatch check-config");
     let said = format!(
@@ -135,6 +146,32 @@ async fn on_postgres_the_store_is_read_not_migrated_and_one_that_does_not_answer
     );
     assert_eq!(code, Some(1), "{said}");
     assert!(line(&said, "store").starts_with("FAIL "), "{said}");
+
+    // Settings that can lose acknowledged events (here the gateway's own connections', set
+    // through the URL): a failure naming the setting and the way out, as serve refuses them;
+    // a warning with serve's --allow-unsafe-durability (here its variable), as serve warns.
+    let unsafe_store = format!(
+        "url = \"{}?options=-c%20synchronous_commit%3Doff\"",
+        db.url()
+    );
+    let (code, said) = check(&unsafe_store, "", &[]);
+    assert_eq!(code, Some(1), "{said}");
+    let store_line = line(&said, "store");
+    assert!(store_line.starts_with("FAIL "), "{said}");
+    assert!(store_line.contains("synchronous_commit=off"), "{said}");
+    assert!(
+        store_line.contains("check-config takes the same flag"),
+        "{said}"
+    );
+    let allow = [("HOOKLATCH_ALLOW_UNSAFE_DURABILITY", "true")];
+    let (code, said) = check_with(&unsafe_store, "", &[], &allow);
+    assert_eq!(code, Some(0), "{said}");
+    let store_line = line(&said, "store");
+    assert!(store_line.starts_with("warn "), "{said}");
+    assert!(
+        store_line.contains("UNSAFE, allowed (synchronous_commit=off)"),
+        "{said}"
+    );
     db.drop_now().await;
 }
 
