@@ -917,7 +917,16 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
             config,
             allow_unsafe_durability,
         } => {
-            let mut settings = config::load(config.as_deref(), &env)?;
+            let mut settings = match config::load(config.as_deref(), &env) {
+                Ok(settings) => settings,
+                // A collector that reads JSON lines gets why the gateway did not start as one.
+                Err(err) if config::log_format_hint(config.as_deref(), &env) == LogFormat::Json => {
+                    init_tracing(LogFormat::Json);
+                    tracing::error!(error = %err, "hooklatch cannot start");
+                    return Ok(Outcome::ErrorLogged);
+                }
+                Err(err) => return Err(err.into()),
+            };
             if allow_unsafe_durability {
                 settings.store.allow_unsafe_durability();
             }

@@ -881,6 +881,28 @@ pub fn load(file: Option<&Path>, env: &HashMap<String, String>) -> Result<Settin
     })
 }
 
+/// The log format a configuration asks for, read as far as it can be when the configuration
+/// does not load (`serve` then says why in that format): `HOOKLATCH_SERVER__LOG_FORMAT`, else
+/// the file's `server.log_format` if the file is TOML at all; human otherwise.
+pub fn log_format_hint(file: Option<&Path>, env: &HashMap<String, String>) -> LogFormat {
+    let from_file = || {
+        let text = std::fs::read_to_string(file?).ok()?;
+        let doc: Value = toml::from_str(&text).ok()?;
+        doc.get("server")?
+            .get("log_format")?
+            .as_str()
+            .map(str::to_owned)
+    };
+    let asked = match env.get("HOOKLATCH_SERVER__LOG_FORMAT") {
+        Some(value) => Some(value.trim().trim_matches('"').to_owned()),
+        None => from_file(),
+    };
+    match asked.as_deref() {
+        Some("json") => LogFormat::Json,
+        _ => LogFormat::Human,
+    }
+}
+
 /// The store's settings alone, for a verb that opens the store and nothing else (`migrate`):
 /// the whole file is checked as `load` checks its shape, but no secret outside `[store]` is
 /// read, so one that is not set where the verb runs (a provider's signing secret, the admin
@@ -1735,11 +1757,22 @@ pub const PROVIDERS: &[&str] = &[
 /// `http(s)` URL without a query, fragment or user. A base (no path) loses its trailing `/`;
 /// a URL with a path is kept as written, since Twilio signs it byte for byte.
 pub fn twilio_public_url(url: &str) -> Result<String, String> {
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{e}: {url:?}"))?;
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        // Quoted unless it may hold a password.
+        if url.contains('@') {
+            format!("{e}")
+        } else {
+            format!("{e}: {url:?}")
+        }
+    })?;
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err("must be an http:// or https:// URL, like https://hooks.example.com".into());
     }
-    if parsed.query().is_some() || parsed.fragment().is_some() || !parsed.username().is_empty() {
+    if parsed.query().is_some()
+        || parsed.fragment().is_some()
+        || !parsed.username().is_empty()
+        || parsed.password().is_some()
+    {
         return Err(
             "must be the URL Twilio calls without a query, fragment or user: \
              https://hooks.example.com, or https://example.com/hooks/twilio when a proxy \
@@ -2153,6 +2186,11 @@ mod tests {
         assert!(msg.contains(expect), "{msg:?} lacks {expect:?}");
     }
 
+    /// The error `toml` is refused with (the admin token set).
+    fn config_err(toml: &str) -> String {
+        load_str(toml, &env(&[TOKEN])).unwrap_err().to_string()
+    }
+
     const EXAMPLE: &str = r#"
 [store]
 url = "sqlite://x.db"
@@ -2545,6 +2583,16 @@ tolerance = "30s"
             &[],
             "sources[0].public_url: must be the URL Twilio calls without a query",
         );
+        // A password alone is refused too, and never quoted.
+        for url in [
+            "https://:pw-0123@h.example/",
+            "https://:pw-0123@[h.example/",
+        ] {
+            let text = format!("{base}provider = \"twilio\"\npublic_url = \"{url}\"");
+            let msg = config_err(&text);
+            assert!(msg.starts_with("sources[0].public_url: "), "{msg}");
+            assert!(!msg.contains("pw-0123"), "{msg}");
+        }
         check_err(
             &format!("{base}provider = \"twilio\"\npublic_url = \"ftp://h.example/\""),
             &[],

@@ -265,6 +265,63 @@ async fn with_json_logs_a_gateway_that_cannot_start_says_why_in_json() {
     );
 }
 
+/// A configuration that does not load is said in JSON too when it asks for JSON logs (in the
+/// file, or through `HOOKLATCH_SERVER__LOG_FORMAT` when the file is not even TOML), and as text
+/// otherwise; exit status 2 either way, and the mistake named.
+#[test]
+fn with_json_logs_a_configuration_that_does_not_load_is_said_in_json() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let serve = |config: &str, env: &[(&str, &str)]| {
+        let path = dir.path().join("hooklatch.toml");
+        std::fs::write(&path, config).expect("writing the config");
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"));
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("HOOKLATCH_") {
+                cmd.env_remove(name);
+            }
+        }
+        let out = cmd
+            .args(["serve", "--config"])
+            .arg(&path)
+            .env("HOOKLATCH_ADMIN_TOKEN", "a-token-for-this-test-0123456789")
+            .envs(env.iter().copied())
+            .output()
+            .expect("running hooklatch serve");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let wrong = "[[sources]]\nname = \"shop\"\nprovider = \"shopifx\"\nsecrets = [\"s\"]\n";
+    let json_error = |stderr: &str| -> String {
+        let line: serde_json::Value = serde_json::from_str(stderr.trim())
+            .unwrap_or_else(|e| panic!("not one JSON line ({e}): {stderr}"));
+        assert_eq!(line["level"], "ERROR", "{line}");
+        assert_eq!(
+            line["fields"]["message"], "hooklatch cannot start",
+            "{line}"
+        );
+        line["fields"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+
+    let (code, stderr) = serve(&format!("[server]\nlog_format = \"json\"\n\n{wrong}"), &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(json_error(&stderr).contains("shopifx"), "{stderr}");
+
+    let not_toml = "[server\nlog_format = json";
+    let (code, stderr) = serve(not_toml, &[("HOOKLATCH_SERVER__LOG_FORMAT", "json")]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(json_error(&stderr).contains("hooklatch.toml"), "{stderr}");
+
+    let (code, stderr) = serve(wrong, &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.starts_with("hooklatch: error: "), "{stderr}");
+    assert!(stderr.contains("shopifx"), "{stderr}");
+}
+
 /// How many times the T15 test kills the gateway after its handler did the work.
 const CRASHES_AFTER_WORK: usize = 10;
 
