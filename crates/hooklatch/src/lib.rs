@@ -606,6 +606,7 @@ fn log_effective_config(settings: &Settings) {
             destinations = s.destinations.join(", "),
             tolerance_s,
             retention_s = s.retention.as_secs(),
+            public_url = s.adapter.public_url(),
             "source"
         );
     }

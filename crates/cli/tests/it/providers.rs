@@ -644,11 +644,19 @@ async fn send_signs_for_a_twilio_public_url_with_a_path() {
     const PUBLIC: &str = "https://example.com/hooks/twilio-calls";
     let handler = Handler::start(Behaviour::AlwaysOk).await;
     let mut options = options();
+    options.log_level = "info";
     options.extra_config.push_str(&format!(
         "[[sources]]\nname = \"proxied\"\nprovider = \"twilio\"\n\
          secrets = [\"twilio-auth-token\"]\npublic_url = \"{PUBLIC}\"\ndestinations = [\"app\"]\n"
     ));
     let gateway = Gateway::start_with(&handler, options).await;
+    // The start-up log shows which URL the source checks signatures against.
+    let log = gateway.log();
+    let logged = log.lines().find(|l| l.contains("source=proxied"));
+    assert!(
+        logged.is_some_and(|l| l.contains(&format!("public_url=\"{PUBLIC}\""))),
+        "{log}"
+    );
     let url = format!("http://{}/in/proxied?tenant=7", gateway.ingest().addr());
     let send = |provider: &str, public_url: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_hooklatch"));

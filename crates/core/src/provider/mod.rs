@@ -269,6 +269,12 @@ pub trait ProviderAdapter: Send + Sync + std::fmt::Debug {
         let _ = req;
         None
     }
+
+    /// The public URL the provider signs, when the source sets one (Twilio's `public_url`),
+    /// for the start-up log. `None`: none set, or the provider signs no URL.
+    fn public_url(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Providers whose signature covers a timestamp, which [`ProviderAdapter::verify`] checks

@@ -87,6 +87,10 @@ impl ProviderAdapter for Twilio {
         "twilio"
     }
 
+    fn public_url(&self) -> Option<&str> {
+        self.public_url.as_deref()
+    }
+
     fn signature_headers(&self) -> Vec<&str> {
         vec![SIGNATURE_HEADER]
     }
