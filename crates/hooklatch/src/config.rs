@@ -245,6 +245,35 @@ pub struct Destination {
     /// An HTTP destination answering `410 Gone` is disabled (`disable_on_gone`, default on):
     /// its deliveries wait, uncounted, until an operator enables it.
     pub disable_on_gone: bool,
+    /// What an HTTP or `listen` destination gets of the provider's own signature
+    /// (`provider_signature`).
+    pub provider_signature: ProviderSignature,
+}
+
+/// What a destination gets of the provider's own signature, for providers whose signature
+/// covers a timestamp that the application's library holds to a tolerance (Stripe, Slack,
+/// Paddle, Standard Webhooks: 300 s, Paddle's SDK 5 s). A delivery late by more than that —
+/// a retry, a redrive, a laptop that was asleep — fails the application's check unless signed
+/// again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProviderSignature {
+    /// `"fresh"` (the default): signed again at each attempt, in the provider's scheme, at the
+    /// attempt's time, with the source's secret that signed the original; a request none of
+    /// them signed (an imported capture without its signature) goes as received.
+    #[default]
+    Fresh,
+    /// `"original"`: the provider's headers exactly as received.
+    Original,
+}
+
+impl ProviderSignature {
+    /// As written in the configuration.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderSignature::Fresh => "fresh",
+            ProviderSignature::Original => "original",
+        }
+    }
 }
 
 /// What a destination is: an HTTP endpoint (`url`), a RabbitMQ exchange (`amqp`), or a
@@ -476,6 +505,7 @@ struct RawDestination {
     jitter: Option<f64>,
     max_age: Option<Value>,
     disable_on_gone: Option<bool>,
+    provider_signature: Option<String>,
 }
 
 /// The keys only an `amqp` destination takes, and whether `rd` sets each.
@@ -1470,12 +1500,30 @@ fn resolve(
                 "applies only to HTTP destinations (url)",
             ));
         }
+        let provider_signature = match rd.provider_signature.as_deref() {
+            _ if rd.provider_signature.is_some() && matches!(kind, DestinationKind::Amqp(_)) => {
+                return Err(err(
+                    format!("{key}.provider_signature"),
+                    "applies only to HTTP and listen destinations (a message carries no \
+                     provider headers)",
+                ))
+            }
+            None | Some("fresh") => ProviderSignature::Fresh,
+            Some("original") => ProviderSignature::Original,
+            Some(other) => {
+                return Err(err(
+                    format!("{key}.provider_signature"),
+                    format!("{other:?}: expected \"fresh\" or \"original\""),
+                ))
+            }
+        };
         destinations.push(Destination {
             name: rd.name.clone(),
             kind,
             timeout: opt("timeout", &rd.timeout, default_timeout)?,
             retry,
             disable_on_gone: rd.disable_on_gone.unwrap_or(true),
+            provider_signature,
         });
     }
 
@@ -2731,6 +2779,21 @@ tolerance = "30s"
             "destinations[0].disable_on_gone: applies only to HTTP destinations",
         );
         check(
+            &listen("provider_signature = \"stale\""),
+            &e,
+            "destinations[0].provider_signature: \"stale\": expected \"fresh\" or \"original\"",
+        );
+        let original = load_str(&listen("provider_signature = \"original\""), &e).unwrap();
+        assert_eq!(
+            original.destinations[0].provider_signature,
+            ProviderSignature::Original
+        );
+        let fresh = load_str(&listen(""), &e).unwrap();
+        assert_eq!(
+            fresh.destinations[0].provider_signature,
+            ProviderSignature::Fresh
+        );
+        check(
             &listen("secret = \"whsec_!!\""),
             &e,
             "destinations[0].secret: a secret starting with whsec_ must continue with base64",
@@ -2797,6 +2860,10 @@ tolerance = "30s"
         check(
             &amqp("routing_key = \"k\""),
             "destinations[0].exchange: is required",
+        );
+        check(
+            &amqp("exchange = \"x\"\nrouting_key = \"k\"\nprovider_signature = \"original\""),
+            "destinations[0].provider_signature: applies only to HTTP and listen destinations",
         );
         check(
             &amqp("exchange = \"x\""),

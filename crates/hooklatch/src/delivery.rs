@@ -30,11 +30,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hooklatch_core::provider::standard_webhooks::{decode_secret, sign_v1};
+use hooklatch_core::provider::{InboundRequest, ProviderAdapter, SignRequest};
 use hooklatch_core::retry::{parse_retry_after, NextAttempt};
 use hooklatch_core::store::{
     AttemptNext, AttemptResult, AttemptToken, DisabledDestination, LeasedDelivery, HELD,
 };
-use hooklatch_core::{crash, Store, StoreError, Timestamp};
+use hooklatch_core::{crash, Secret, Store, StoreError, Timestamp};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -44,7 +45,7 @@ use reqwest::header::HeaderValue;
 
 use hooklatch_queue_rabbitmq::{Message, PublishError, Publisher};
 
-use crate::config::{Destination, DestinationKind};
+use crate::config::{Destination, DestinationKind, ProviderSignature};
 use crate::listen::{Forwarded, ListenHub};
 use crate::outbound::check_literal;
 
@@ -125,6 +126,9 @@ pub struct Worker {
     pub(crate) publishers: HashMap<String, Arc<Publisher>>,
     /// Each source's provider, by source name (the `hooklatch-provider` AMQP header).
     pub(crate) providers: HashMap<String, &'static str>,
+    /// The sources whose provider's signature is signed again at each attempt
+    /// ([`ProviderSigner`]), by source name.
+    pub(crate) signers: HashMap<String, ProviderSigner>,
     /// One client per HTTP destination, by name, each with its destination's address policy
     /// (`crate::outbound`).
     pub(crate) clients: HashMap<String, Arc<dyn Post>>,
@@ -577,7 +581,14 @@ impl Worker {
                 .map(|()| (None, None)),
             DestinationKind::Listen { secret, .. } => match self
                 .listen
-                .forward(&dest, secret.as_ref(), &delivery, attempt, started_at)
+                .forward(
+                    &dest,
+                    secret.as_ref(),
+                    self.signer(&dest, &delivery),
+                    &delivery,
+                    attempt,
+                    started_at,
+                )
                 .await
             {
                 Forwarded::Answered(status) => Ok((Some(status), None)),
@@ -749,8 +760,77 @@ impl Worker {
             .clients
             .get(&dest.name)
             .ok_or_else(|| format!("no HTTP client for destination {:?}", dest.name))?;
-        let (body, headers) = outgoing(delivery, attempt, secret.as_ref(), now);
+        let signer = self.signer(dest, delivery);
+        let (body, headers) = outgoing(delivery, attempt, secret.as_ref(), signer, now);
         client.post(url, dest.timeout, body, headers).await
+    }
+}
+
+impl Worker {
+    /// The signer that signs `delivery`'s provider signature again for `dest`, if any: when
+    /// the destination asks for it (`provider_signature = "fresh"`) and the source's provider
+    /// signs a timestamp with a secret the gateway holds.
+    fn signer(&self, dest: &Destination, delivery: &LeasedDelivery) -> Option<&ProviderSigner> {
+        match dest.provider_signature {
+            ProviderSignature::Fresh => self.signers.get(&delivery.source),
+            ProviderSignature::Original => None,
+        }
+    }
+}
+
+/// A source's provider scheme and secrets, to sign its events again at each attempt
+/// ([`ProviderSignature::Fresh`]). Only for providers whose signature covers a timestamp that
+/// the application's library holds to a tolerance, and whose secret the gateway holds (HMAC:
+/// Stripe, Slack, Paddle, Standard Webhooks; not Discord, signed with a private key only
+/// Discord has). A provider that signs no timestamp needs nothing: its signature never
+/// expires.
+#[derive(Clone)]
+pub(crate) struct ProviderSigner {
+    adapter: Arc<dyn ProviderAdapter>,
+    secrets: Vec<Secret>,
+}
+
+/// How late a signature may be when a delivery checks which secret made it: any time. Its
+/// age is what is being made good; whether it was genuine, ingest decided.
+const ANY_AGE: Duration = Duration::MAX;
+
+impl ProviderSigner {
+    /// The signer of a source, if its provider's signatures expire and it has a secret.
+    pub(crate) fn of(source: &hooklatch_http::Source) -> Option<ProviderSigner> {
+        let provider = source.adapter.provider();
+        (hooklatch_core::provider::TIMESTAMP_SIGNERS.contains(&provider)
+            && provider != "discord"
+            && !source.secrets.is_empty())
+        .then(|| ProviderSigner {
+            adapter: source.adapter.clone(),
+            secrets: source.secrets.clone(),
+        })
+    }
+
+    /// The provider's signature headers for `delivery`, made at `now` with the secret that
+    /// made the original (checked at any age). `None` when no secret of the source made it (a
+    /// capture imported without its signature): the headers then go as received.
+    fn sign(&self, delivery: &LeasedDelivery, now: Timestamp) -> Option<Vec<(String, String)>> {
+        let map = crate::replay::header_map(&delivery.headers);
+        let req = InboundRequest {
+            path_and_query: &delivery.path,
+            headers: &map,
+            body: &delivery.body,
+            now,
+        };
+        let secret = self.secrets.iter().find(|secret| {
+            self.adapter
+                .verify(&req, std::slice::from_ref(*secret), ANY_AGE)
+                .is_ok()
+        })?;
+        Some(self.adapter.sign(&SignRequest {
+            body: &delivery.body,
+            secret,
+            now,
+            event_key: &delivery.event_key,
+            event_type: delivery.event_type.as_deref(),
+            url: "",
+        }))
     }
 }
 
@@ -801,25 +881,51 @@ impl Post for reqwest::Client {
 
 /// What an attempt sends to an HTTP endpoint or a `listen` client: the body, byte-exact (see
 /// [`LeasedDelivery::payload`]), and the headers: the original ones but those in
-/// [`DROPPED_HEADERS`] and any `hooklatch-*`, then `Idempotency-Key`, the `hooklatch-*`
-/// delivery headers and, when the destination has a secret, a Standard Webhooks signature
-/// made at `now` in place of any the provider sent ([`SIGNATURE_HEADERS`]).
+/// [`DROPPED_HEADERS`] and any `hooklatch-*`, with the provider's signature made again at
+/// `now` when `signer` is given ([`ProviderSigner`]), then `Idempotency-Key`, the
+/// `hooklatch-*` delivery headers and, when the destination has a secret, a Standard Webhooks
+/// signature made at `now` in place of any the provider sent ([`SIGNATURE_HEADERS`]).
 pub(crate) fn outgoing(
     delivery: &LeasedDelivery,
     attempt: u32,
     secret: Option<&hooklatch_core::Secret>,
+    signer: Option<&ProviderSigner>,
     now: Timestamp,
 ) -> (bytes::Bytes, Vec<(String, Vec<u8>)>) {
     let (body, content_type) = delivery.payload();
     let signing_key = secret.and_then(decode_secret);
+    // The gateway's own Standard Webhooks signature takes the place of a standard-webhooks
+    // provider's: nothing to sign again then.
+    let resigned = signer
+        .filter(|s| signing_key.is_none() || s.adapter.provider() != "standard-webhooks")
+        .and_then(|s| s.sign(delivery, now))
+        .unwrap_or_default();
+    // A header the fresh signature writes replaces the one received (`webhook-*` replaces the
+    // `svix-*` header of the same part too).
+    let resigns = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        let webhook_name = name
+            .strip_prefix("svix-")
+            .map(|part| format!("webhook-{part}"));
+        resigned.iter().any(|(n, _)| {
+            n.eq_ignore_ascii_case(&name)
+                || webhook_name
+                    .as_deref()
+                    .is_some_and(|w| n.eq_ignore_ascii_case(w))
+        })
+    };
     let mut headers: Vec<(String, Vec<u8>)> = Vec::with_capacity(delivery.headers.len() + 8);
     for (name, value) in &delivery.headers {
         let replaced = (content_type.is_some() && name.eq_ignore_ascii_case("content-type"))
-            || (signing_key.is_some() && SIGNATURE_HEADERS.contains(&name.as_str()));
+            || (signing_key.is_some() && SIGNATURE_HEADERS.contains(&name.as_str()))
+            || resigns(name);
         if replaced || DROPPED_HEADERS.contains(&name.as_str()) || name.starts_with("hooklatch-") {
             continue;
         }
         headers.push((name.clone(), value.clone()));
+    }
+    for (name, value) in &resigned {
+        headers.push((name.to_ascii_lowercase(), value.as_bytes().to_vec()));
     }
     let mut add = |name: &str, value: &[u8]| headers.push((name.to_owned(), value.to_vec()));
     if let Some(content_type) = content_type {
@@ -1230,6 +1336,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             disable_on_gone: true,
+            provider_signature: Default::default(),
         };
         let enqueued = Arc::new(Notify::new());
         let listen = Arc::new(ListenHub::new(
@@ -1244,6 +1351,7 @@ mod tests {
             destinations: HashMap::from([("app".to_owned(), Arc::new(destination))]),
             publishers: HashMap::new(),
             providers: HashMap::new(),
+            signers: HashMap::new(),
             clients: HashMap::from([(
                 "app".to_owned(),
                 Arc::new(crate::outbound::client(loopback(), &Default::default()).unwrap())
@@ -1519,7 +1627,7 @@ mod tests {
             .collect();
         let now = Timestamp::from_secs(1_700_000_100);
         let sent = |secret: Option<&Secret>| -> Vec<(String, String)> {
-            let (_, headers) = outgoing(&delivery, 1, secret, now);
+            let (_, headers) = outgoing(&delivery, 1, secret, None, now);
             headers
                 .into_iter()
                 .map(|(n, v)| (n, String::from_utf8(v).unwrap()))
@@ -1552,6 +1660,172 @@ mod tests {
         for name in ["svix-id", "svix-signature"] {
             assert!(values(&signed, name).is_empty(), "{name}");
         }
+    }
+
+    /// A signer for a source of `provider` with `secrets`.
+    fn provider_signer(provider: &str, secrets: &[&str]) -> ProviderSigner {
+        let secrets: Vec<Secret> = secrets.iter().map(|s| Secret::from_text(s)).collect();
+        let adapter = crate::fixtures::signer(provider, &secrets[0]).expect("a provider");
+        ProviderSigner {
+            adapter: Arc::from(adapter),
+            secrets,
+        }
+    }
+
+    impl ProviderSigner {
+        /// The headers the provider signs `delivery`'s body with, under event `key`, at `at`,
+        /// with the first secret: what the provider sent.
+        fn headers(
+            &self,
+            delivery: &LeasedDelivery,
+            key: &str,
+            at: Timestamp,
+        ) -> Vec<(String, String)> {
+            self.adapter.sign(&SignRequest {
+                body: &delivery.body,
+                secret: &self.secrets[0],
+                now: at,
+                event_key: key,
+                event_type: None,
+                url: "",
+            })
+        }
+    }
+
+    /// `delivery`'s headers as sent with `signer` at `now` (no destination secret).
+    fn sent_with(
+        delivery: &LeasedDelivery,
+        signer: Option<&ProviderSigner>,
+        now: Timestamp,
+    ) -> Vec<(String, String)> {
+        let (_, headers) = outgoing(delivery, 1, None, signer, now);
+        headers
+            .into_iter()
+            .map(|(n, v)| (n, String::from_utf8(v).unwrap()))
+            .collect()
+    }
+
+    /// Whether `headers` verify for `provider` under `secret` at `now` with the libraries'
+    /// 300 s tolerance.
+    fn verifies_at(
+        provider: &str,
+        secret: &str,
+        delivery: &LeasedDelivery,
+        headers: &[(String, String)],
+        now: Timestamp,
+    ) -> bool {
+        let secret = Secret::from_text(secret);
+        let adapter = crate::fixtures::signer(provider, &secret).unwrap();
+        let mut map = http::HeaderMap::new();
+        for (n, v) in headers {
+            map.append(
+                http::HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        let req = InboundRequest {
+            path_and_query: &delivery.path,
+            headers: &map,
+            body: &delivery.body,
+            now,
+        };
+        adapter
+            .verify(&req, &[secret], Duration::from_secs(300))
+            .is_ok()
+    }
+
+    /// An hour-late attempt of a Stripe event is signed again at its own time, with the one
+    /// of the source's secrets that signed the original (here the second, as in a rotation),
+    /// so the application's Stripe library takes it; `provider_signature = "original"` (no
+    /// signer) sends the header as received, which that library refuses by then; a request no
+    /// secret of the source signed (an import without its signature) goes as received.
+    #[test]
+    fn a_late_attempt_carries_the_providers_signature_made_again_at_its_own_time() {
+        let (old, new) = ("whsec_old_secret_0123", "whsec_new_secret_4567");
+        let signer = provider_signer("stripe", &[new, old]);
+        let received = Timestamp::from_secs(1_780_000_000);
+        let mut delivery = hand_built("app", received);
+        delivery.source = "stripe".to_owned();
+        delivery.path = "/in/stripe".to_owned();
+        delivery.body = bytes::Bytes::from_static(br#"{"id":"evt_late","object":"event"}"#);
+        let signed = provider_signer("stripe", &[old]).headers(&delivery, "evt_late", received);
+        delivery.headers =
+            std::iter::once(("content-type".to_owned(), b"application/json".to_vec()))
+                .chain(
+                    signed
+                        .into_iter()
+                        .map(|(n, v)| (n.to_ascii_lowercase(), v.into_bytes())),
+                )
+                .collect();
+        let late = received.plus(Duration::from_secs(3600));
+
+        let fresh = sent_with(&delivery, Some(&signer), late);
+        let stripe_signatures: Vec<&str> = fresh
+            .iter()
+            .filter(|(n, _)| n == "stripe-signature")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(stripe_signatures.len(), 1, "{fresh:?}");
+        assert!(
+            stripe_signatures[0].starts_with(&format!("t={},", late.as_secs())),
+            "{fresh:?}"
+        );
+        assert!(
+            verifies_at("stripe", old, &delivery, &fresh, late),
+            "{fresh:?}"
+        );
+        assert!(!verifies_at("stripe", new, &delivery, &fresh, late));
+        let content_type = fresh.iter().find(|(n, _)| n == "content-type");
+        assert_eq!(
+            content_type.map(|(_, v)| v.as_str()),
+            Some("application/json")
+        );
+
+        let original = sent_with(&delivery, None, late);
+        assert!(!verifies_at("stripe", old, &delivery, &original, late));
+        assert!(verifies_at("stripe", old, &delivery, &original, received));
+
+        let unsigned_by_us = provider_signer("stripe", &[new]);
+        assert_eq!(sent_with(&delivery, Some(&unsigned_by_us), late), original);
+    }
+
+    /// A standard-webhooks source's late event: the provider's headers, under either
+    /// library's names, are replaced by fresh `webhook-*` ones, never both sets.
+    #[test]
+    fn a_standard_webhooks_event_is_signed_again_under_one_set_of_names() {
+        let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+        let signer = provider_signer("standard-webhooks", &[secret]);
+        let received = Timestamp::from_secs(1_780_000_000);
+        let mut delivery = hand_built("app", received);
+        let signed = signer.headers(&delivery, "msg_provider", received);
+        delivery.headers = signed
+            .into_iter()
+            .map(|(n, v)| {
+                (
+                    n.to_ascii_lowercase().replace("webhook-", "svix-"),
+                    v.into_bytes(),
+                )
+            })
+            .collect();
+        let late = received.plus(Duration::from_secs(86_400));
+        let fresh = sent_with(&delivery, Some(&signer), late);
+        let names: Vec<&str> = fresh
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| n.starts_with("svix-") || n.starts_with("webhook-"))
+            .collect();
+        assert_eq!(
+            names,
+            ["webhook-id", "webhook-timestamp", "webhook-signature"],
+            "{fresh:?}"
+        );
+        assert!(verifies_at(
+            "standard-webhooks",
+            secret,
+            &delivery,
+            &fresh,
+            late
+        ));
     }
 
     /// An event type with a control character cannot be a header value: the delivery goes

@@ -357,6 +357,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         destinations,
         publishers: publishers.clone(),
         providers: providers_of(&settings),
+        signers: signers_of(&settings),
         clients: settings
             .destinations
             .iter()
@@ -554,6 +555,15 @@ fn providers_of(settings: &Settings) -> HashMap<String, &'static str> {
         .collect()
 }
 
+/// The sources whose provider's signature deliveries sign again ([`delivery::ProviderSigner`]).
+fn signers_of(settings: &Settings) -> HashMap<String, delivery::ProviderSigner> {
+    settings
+        .sources
+        .iter()
+        .filter_map(|s| Some((s.name.to_string(), delivery::ProviderSigner::of(s)?)))
+        .collect()
+}
+
 /// `url` as logs may show it: without its user, password and query (`?token=…` is as secret
 /// as a password).
 fn loggable(url: &url::Url) -> url::Url {
@@ -631,6 +641,7 @@ fn log_effective_config(settings: &Settings) {
                         .join(", "),
                     ca_file = tls.ca_pem.is_some(),
                     client_certificate = tls.client.is_some(),
+                    provider_signature = d.provider_signature.as_str(),
                     max_attempts = d.retry.max_attempts,
                     "destination"
                 );
@@ -652,6 +663,7 @@ fn log_effective_config(settings: &Settings) {
                 destination = %d.name,
                 listen = %format!("/listen/{}", d.name),
                 signed = secret.is_some(),
+                provider_signature = d.provider_signature.as_str(),
                 max_attempts = d.retry.max_attempts,
                 "destination"
             ),

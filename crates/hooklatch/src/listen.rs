@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Destination, DestinationKind};
-use crate::delivery::outgoing;
+use crate::delivery::{outgoing, ProviderSigner};
 
 /// How long a delivery waits in the outbox, uncounted, before a worker looks again whether its
 /// listener came back, on a store only one gateway uses (SQLite): a listener connecting wakes
@@ -273,11 +273,12 @@ impl ListenHub {
         &self,
         dest: &Destination,
         secret: Option<&Secret>,
+        signer: Option<&ProviderSigner>,
         delivery: &LeasedDelivery,
         attempt: u32,
         now: Timestamp,
     ) -> Forwarded {
-        let (body, headers) = outgoing(delivery, attempt, secret, now);
+        let (body, headers) = outgoing(delivery, attempt, secret, signer, now);
         let frame = Frame::Delivery(ListenDelivery {
             delivery: delivery.id.0,
             attempt,
@@ -701,6 +702,7 @@ mod tests {
             timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
             disable_on_gone: true,
+            provider_signature: Default::default(),
         };
         let (laptop, other) = (destination("laptop"), destination("other"));
         let hub = Arc::new(ListenHub::new(
@@ -716,7 +718,7 @@ mod tests {
         let attempt = {
             let hub = hub.clone();
             tokio::spawn(async move {
-                hub.forward(&laptop, None, &delivery, 1, Timestamp::from_secs(2))
+                hub.forward(&laptop, None, None, &delivery, 1, Timestamp::from_secs(2))
                     .await
             })
         };

@@ -671,7 +671,7 @@ pub fn as_delivered(
         body: bytes::Bytes::from(capture.body.clone()),
         lease_until: None,
     };
-    let (body, headers) = crate::delivery::outgoing(&delivery, attempt, Some(secret), now);
+    let (body, headers) = crate::delivery::outgoing(&delivery, attempt, Some(secret), None, now);
     Ok((headers, body.to_vec()))
 }
 
@@ -746,7 +746,8 @@ fn describe_error(err: &reqwest::Error) -> String {
     msg
 }
 
-fn header_map(headers: &[(String, Vec<u8>)]) -> http::HeaderMap {
+/// Headers as an `http::HeaderMap`, leaving out a name or value it cannot hold.
+pub(crate) fn header_map(headers: &[(String, Vec<u8>)]) -> http::HeaderMap {
     let mut map = http::HeaderMap::new();
     for (name, value) in headers {
         if let (Ok(n), Ok(v)) = (

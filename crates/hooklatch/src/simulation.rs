@@ -288,6 +288,7 @@ impl World {
                 .collect(),
             publishers: HashMap::new(),
             providers: crate::providers_of(settings),
+            signers: crate::signers_of(settings),
             clients: settings
                 .destinations
                 .iter()

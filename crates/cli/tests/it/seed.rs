@@ -11,8 +11,11 @@ use serde_json::Value;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
+use hooklatch_core::Timestamp;
+
 use crate::support::{
-    header, stripe_headers, stripe_invoice_paid, unique, wait_until, Behaviour, Gateway, Handler,
+    header, stripe_headers, stripe_headers_signed, stripe_invoice_paid, stripe_verifies, unique,
+    wait_until, Behaviour, Gateway, Handler, Options, STRIPE_SECRET,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,10 +63,11 @@ async fn ten_deliveries_in_a_row_of_one_event_get_ten_2xx_and_exactly_one_forwar
 
     let forwarded = &handler.received_for(&key)[0];
     assert_eq!(forwarded.body, body, "the body is forwarded byte-exact");
-    assert_eq!(
-        forwarded.header("stripe-signature"),
-        header(&replies[0].0, "stripe-signature"),
-        "the accepted delivery's own signature is forwarded"
+    // Signed again at the attempt's time with the source's secret: it verifies as Stripe's.
+    assert!(
+        stripe_verifies(&forwarded.body, forwarded.header("stripe-signature")),
+        "{}",
+        forwarded.header("stripe-signature")
     );
     assert_eq!(
         forwarded.header("content-type"),
@@ -87,6 +91,63 @@ async fn ten_deliveries_in_a_row_of_one_event_get_ten_2xx_and_exactly_one_forwar
         verdicts,
         [["accepted"].as_slice(), &["duplicate"; 9]].concat()
     );
+}
+
+/// Stripe's signature covers a timestamp its libraries hold to 300 s: an event accepted late
+/// in that window, then delivered, is delivered with the signature made again at the
+/// attempt's time (`provider_signature = "fresh"`, the default), which the application's
+/// Stripe check takes however late the attempt; a destination with `provider_signature =
+/// "original"` gets the header exactly as Stripe sent it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_carries_stripes_signature_made_at_its_own_time_unless_original_is_asked() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let options = Options {
+        extra_config: format!(
+            "[[sources]]\nname = \"stripe-as-sent\"\nprovider = \"stripe\"\n\
+             secrets = [\"{STRIPE_SECRET}\"]\ndestinations = [\"as-sent\"]\n\n\
+             [[destinations]]\nname = \"as-sent\"\nurl = \"{}\"\nallow = [\"127.0.0.1\"]\n\
+             provider_signature = \"original\"\n",
+            handler.url()
+        ),
+        ..Options::default()
+    };
+    let gw = Gateway::start_with(&handler, options).await;
+    let signed_at = Timestamp::from_secs(Timestamp::now().as_secs() - 250);
+    let mut sent = Vec::new();
+    for source in ["stripe", "stripe-as-sent"] {
+        let event_id = unique("evt_signed_late");
+        let body = stripe_invoice_paid(&event_id, 5000);
+        let headers = stripe_headers_signed(&body, STRIPE_SECRET, signed_at);
+        let (status, json) = gw.post(source, &headers, body.clone()).await;
+        assert_eq!(
+            (status, json["status"].as_str()),
+            (200, Some("accepted")),
+            "{json}"
+        );
+        let key = format!("{source}:{event_id}");
+        gw.wait_for_delivery_state(&key, "delivered").await;
+        sent.push((key, body, header(&headers, "stripe-signature").to_owned()));
+    }
+
+    let (key, body, as_sent) = &sent[0];
+    let got = &handler.received_for(key)[0];
+    let fresh = got.header("stripe-signature");
+    assert_ne!(fresh, as_sent);
+    let t: i64 = fresh
+        .strip_prefix("t=")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("a Stripe signature: {fresh}"));
+    assert!(
+        t >= signed_at.as_secs() + 250,
+        "signed at the attempt: {fresh}"
+    );
+    assert!(stripe_verifies(body, fresh), "{fresh}");
+    assert_eq!(got.body, *body);
+
+    let (key, _, as_sent) = &sent[1];
+    let got = &handler.received_for(key)[0];
+    assert_eq!(got.header("stripe-signature"), as_sent, "as Stripe sent it");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use bytes::Bytes;
-use hooklatch_core::provider::{GitHub, SignRequest, Stripe};
+use hooklatch_core::provider::{GitHub, InboundRequest, SignRequest, Stripe};
 use hooklatch_core::{ProviderAdapter, Secret, Timestamp};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -151,6 +151,29 @@ pub fn stripe_headers_signed(body: &[u8], secret: &str, at: Timestamp) -> Vec<(S
         url: "",
     }));
     headers
+}
+
+/// Whether `signature` is Stripe's for `body` under the gateway's secret, at this moment with
+/// the Stripe libraries' 300 s tolerance.
+pub fn stripe_verifies(body: &[u8], signature: &str) -> bool {
+    let mut headers = HeaderMap::new();
+    let Ok(value) = axum::http::HeaderValue::from_str(signature) else {
+        return false;
+    };
+    headers.insert("stripe-signature", value);
+    let req = InboundRequest {
+        path_and_query: "/webhooks",
+        headers: &headers,
+        body,
+        now: Timestamp::now(),
+    };
+    Stripe
+        .verify(
+            &req,
+            &[Secret::from_text(STRIPE_SECRET)],
+            Duration::from_secs(300),
+        )
+        .is_ok()
 }
 
 /// The headers GitHub sends with `body` for delivery `delivery_id` of a `push` event.
