@@ -479,7 +479,7 @@ Examples:
         #[arg(long)]
         destination: Option<String>,
         /// At most this many.
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = at_least_one)]
         limit: usize,
         /// One JSON object per line instead of a table.
         #[arg(long)]
@@ -733,7 +733,7 @@ struct ListArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration_arg)]
     since: Option<Duration>,
     /// At most this many, newest first.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = at_least_one)]
     limit: usize,
     /// One JSON object per line, as the admin API gives them.
     #[arg(long)]
@@ -761,7 +761,7 @@ struct ExportArgs {
     #[arg(long, value_name = "DURATION", value_parser = duration_arg, conflicts_with = "ids")]
     since: Option<Duration>,
     /// At most this many, newest first.
-    #[arg(long, default_value_t = 100, conflicts_with = "ids")]
+    #[arg(long, default_value_t = 100, conflicts_with = "ids", value_parser = at_least_one)]
     limit: usize,
     /// Write here instead of standard output.
     #[arg(short, long, value_name = "FILE")]
@@ -951,7 +951,7 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Bench(args) => bench(args, &env),
         Command::Events {
             command: EventsCommand::Export(args),
-        } => export(args, &env).map(|()| Outcome::Passed),
+        } => export(args, &env),
         Command::Events {
             command: EventsCommand::List(args),
         } => list_events(args, &env).map(|()| Outcome::Passed),
@@ -980,9 +980,21 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
             let doc: serde_json::Value = serde_json::from_slice(&text)
                 .with_context(|| format!("{} is not JSON", file.display()))?;
+            let (doc, refused) = without_refused_captures(doc);
+            for label in &refused {
+                eprintln!(
+                    "skipped {label}: refused when it came, it has no event to deliver again"
+                );
+            }
             let settings = load_admin_config(&admin, &env)?;
             let client = admin_client(&admin, settings.as_ref());
-            let ids = client_runtime()?.block_on(client.import(doc))?;
+            let ids = match client_runtime()?.block_on(client.import(doc)) {
+                Ok(ids) => ids,
+                Err(err) => {
+                    eprintln!("{}", refusal(&file.display().to_string(), err)?);
+                    return Ok(Outcome::Failed);
+                }
+            };
             let mut again = 0;
             for (id, already) in &ids {
                 if *already {
@@ -1234,7 +1246,7 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
                 .as_array()
                 .map(|keys| keys.iter().filter_map(serde_json::Value::as_str).collect())
                 .unwrap_or_default();
-            ROW(
+            terminal_safe(&ROW(
                 &text("id"),
                 &text("received_at"),
                 &text("source"),
@@ -1242,7 +1254,7 @@ fn list_events(args: ListArgs, env: &HashMap<String, String>) -> anyhow::Result<
                 &item["status"].to_string(),
                 &format!("{} B", item["body_len"]),
                 &keys.join(" "),
-            )
+            ))
         };
         // A closed stdout (`| head`) ends the listing quietly.
         if writeln!(out, "{line}").is_err() {
@@ -1894,7 +1906,7 @@ impl CpuAtStart {
     }
 }
 
-fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()> {
+fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<Outcome> {
     // The sources' providers name the signature headers an export leaves out; no secret but
     // the admin token is read.
     let admin_settings = load_admin_config(&args.admin, env)?;
@@ -1912,7 +1924,14 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
         until: None,
         limit: args.limit,
     };
-    let (mut captures, skipped) = client_runtime()?.block_on(admin.collect(&args.ids, &filter))?;
+    let (mut captures, skipped) =
+        match client_runtime()?.block_on(admin.collect(&args.ids, &filter)) {
+            Ok(found) => found,
+            Err(err) => {
+                eprintln!("{}", refusal("export", err)?);
+                return Ok(Outcome::Failed);
+            }
+        };
     hooklatch::capture::fill_providers(&mut captures, &outlines);
     let options = hooklatch::capture::ExportOptions::new(args.keep_signatures, &outlines);
     let doc = hooklatch::capture::write_export(&captures, now, &options);
@@ -1934,7 +1953,55 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<()>
         "exported {}",
         hooklatch::counted(captures.len() as u64, "capture", "captures")
     );
-    Ok(())
+    Ok(Outcome::Passed)
+}
+
+/// A line for a terminal: a control character in it (from a reason, an event key, an
+/// error a destination answered — text others wrote) is shown escaped (`\u{1b}`), so it can
+/// neither move the cursor, clear the screen nor retitle the window.
+fn terminal_safe(line: &str) -> String {
+    line.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A count of at least one (`--limit`).
+fn at_least_one(arg: &str) -> Result<usize, String> {
+    match arg.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// An export document without its captures that name no event (requests the gateway refused:
+/// nothing to deliver, and an import takes none), and their labels.
+fn without_refused_captures(mut doc: serde_json::Value) -> (serde_json::Value, Vec<String>) {
+    let mut refused = Vec::new();
+    if let Some(captures) = doc["captures"].as_array_mut() {
+        let mut i = 0;
+        captures.retain(|capture| {
+            let keep = capture["keys"]
+                .as_array()
+                .is_none_or(|keys| !keys.is_empty());
+            if !keep {
+                refused.push(
+                    capture["request_id"]
+                        .as_str()
+                        .map_or_else(|| format!("captures[{i}]"), str::to_owned),
+                );
+            }
+            i += 1;
+            keep
+        });
+    }
+    (doc, refused)
 }
 
 /// The request a CLI argument names, and a client of the gateway holding it.
@@ -1958,12 +2025,12 @@ fn done_or_refused<T>(
 ) -> anyhow::Result<Outcome> {
     match answer {
         Ok(value) => {
-            println!("{what}: {}", done(value));
+            println!("{}", terminal_safe(&format!("{what}: {}", done(value))));
             Ok(Outcome::Passed)
         }
         Err(err) => match refusal(what, err) {
             Ok(refused) => {
-                eprintln!("{refused}");
+                eprintln!("{}", terminal_safe(&refused));
                 Ok(Outcome::Failed)
             }
             Err(err) => Err(err.into()),
@@ -1980,10 +2047,14 @@ fn refusal(
     match err {
         // "dlv_9 not found on the gateway" names what is missing already.
         err @ hooklatch::admin::AdminError::NotFound(_) => Ok(err.to_string()),
-        hooklatch::admin::AdminError::Status {
-            status: 409,
-            message,
-        } => Ok(format!("{what}: {message}")),
+        // Not in a state to do it (409), or a request it refuses (400: a destination it does
+        // not have, a capture it cannot take). A token it does not take (401, 403) is the
+        // caller's configuration: the gateway was not asked.
+        hooklatch::admin::AdminError::Status { status, message }
+            if (400..500).contains(&status) && !matches!(status, 401 | 403) =>
+        {
+            Ok(format!("{what}: {message}"))
+        }
         err => Err(err),
     }
 }
@@ -2038,12 +2109,13 @@ fn destinations(
                 if json {
                     println!("{item}");
                 } else {
-                    println!(
+                    let line = format!(
                         "{:<20} {:<7} {}",
                         item["name"].as_str().unwrap_or("?"),
                         item["kind"].as_str().unwrap_or("?"),
                         state(&item)
                     );
+                    println!("{}", terminal_safe(&line));
                 }
             }
             Ok(Outcome::Passed)
@@ -2091,7 +2163,7 @@ fn dlq(command: DlqCommand, env: &HashMap<String, String>) -> anyhow::Result<Out
                     let line = format!(
                         "{id:<10} {request:<10} {dest:<12} {attempts:>8}  {key:<40} {error}"
                     );
-                    line.trim_end().to_owned()
+                    terminal_safe(line.trim_end())
                 };
             if !json && !items.is_empty() {
                 println!(

@@ -43,10 +43,11 @@ pub enum AdminError {
     /// No such request or delivery.
     #[error("{0} not found on the gateway")]
     NotFound(String),
-    /// What answered has no such route: not a gateway's admin API.
+    /// What answered has no such route, or answered it with something other than the API's
+    /// JSON: not a gateway's admin API.
     #[error(
-        "{base} has no {path}: is --admin the gateway's admin listener ([server] admin_listen), \
-         not its ingest listener or another service?"
+        "{base} did not answer {path} as hooklatch's admin API: is --admin the gateway's admin \
+         listener ([server] admin_listen), not its ingest listener or another service?"
     )]
     NotTheAdminApi {
         /// The admin base URL.
@@ -83,6 +84,8 @@ pub struct HistoryFilter {
 #[derive(Debug, Clone)]
 pub struct AdminClient {
     base: String,
+    /// `base` as messages show it: without a password.
+    shown: String,
     token: Option<Secret>,
     client: reqwest::Client,
 }
@@ -96,8 +99,20 @@ impl AdminClient {
             .timeout(Duration::from_secs(30))
             .build()
             .expect("a client without TLS roots to load builds");
+        let base = base.trim_end_matches('/').to_owned();
+        let shown = match reqwest::Url::parse(&base) {
+            Ok(mut url) if url.password().is_some() => {
+                let _ = url.set_password(Some("***"));
+                url.as_str().trim_end_matches('/').to_owned()
+            }
+            Ok(_) => base.clone(),
+            // Not a URL: the request fails before any message quotes it but this one.
+            Err(_) if base.contains('@') => "the --admin URL".to_owned(),
+            Err(_) => base.clone(),
+        };
         AdminClient {
-            base: base.trim_end_matches('/').to_owned(),
+            base,
+            shown,
             token,
             client,
         }
@@ -221,7 +236,7 @@ impl AdminClient {
             req = req.bearer_auth(String::from_utf8_lossy(token.expose()));
         }
         let transport = |source: reqwest::Error| AdminError::Transport {
-            base: self.base.clone(),
+            base: self.shown.clone(),
             hint: match (source.is_connect(), untrusted(&source)) {
                 (_, true) => {
                     " (its TLS certificate is not one this command trusts: --ca-file FILE \
@@ -233,7 +248,8 @@ impl AdminClient {
                 }
                 (false, false) => "",
             },
-            source,
+            // Its message would quote the URL, password and all: `base` says where.
+            source: source.without_url(),
         };
         let res = req.send().await.map_err(transport)?;
         let status = res.status().as_u16();
@@ -254,7 +270,7 @@ impl AdminClient {
                 return Ok(None);
             }
             return Err(AdminError::NotTheAdminApi {
-                base: self.base.clone(),
+                base: self.shown.clone(),
                 path: path.to_owned(),
             });
         }
@@ -271,6 +287,14 @@ impl AdminClient {
             return Err(AdminError::Status {
                 status,
                 message: format!("{message}{hint}"),
+            });
+        }
+        // Every answer of the API is a JSON object: a page that says 200 to anything (a proxy's
+        // login page, another service) is not an empty history or a done retry.
+        if !value.is_object() {
+            return Err(AdminError::NotTheAdminApi {
+                base: self.shown.clone(),
+                path: path.to_owned(),
             });
         }
         Ok(Some(value))

@@ -73,6 +73,65 @@ async fn admin_verbs_pointed_at_the_ingest_listener_fail_and_say_so() {
     // Nothing to ask: 2, not a refusal.
     let (code, stderr) = run(&["dlq", "retry", "dlv_1"], "http://127.0.0.1:9");
     assert_eq!(code, Some(2), "{stderr}");
+
+    // Something that answers 200 to anything (a proxy's login page, another service) is
+    // not an empty history nor a done retry; a password in --admin is never shown.
+    let anything = handler.url().trim_end_matches("/webhooks").to_owned();
+    let verbs: [&[&str]; 4] = [
+        &["events", "list"],
+        &["dlq", "retry", "dlv_1"],
+        &["events", "redeliver", "req_1"],
+        &["destinations", "disable", "app"],
+    ];
+    for verb in verbs {
+        let (code, stderr) = run(verb, &anything);
+        assert_eq!(code, Some(2), "{verb:?}: {stderr}");
+        assert!(
+            stderr.contains("as hooklatch's admin API"),
+            "{verb:?}: {stderr}"
+        );
+    }
+    let with_password = "http://operator:pa55-in-url@127.0.0.1:9";
+    let (code, stderr) = run(&["events", "list"], with_password);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(!stderr.contains("pa55-in-url"), "{stderr}");
+    assert!(stderr.contains("operator:***@127.0.0.1:9"), "{stderr}");
+
+    // The gateway's "no": 1 — an export of a request that is not there, a destination the
+    // request's source does not have; a --limit of 0 is no listing at all (2).
+    let (code, stderr) = run(&["events", "export", "req_999"], &gw.admin_url());
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(stderr.trim_end(), "req_999 not found on the gateway");
+    let request = gw.send_stripe_event("stripe", "evt_admin_cli").await;
+    let id = gw.requests("verdict=accepted").await[0]["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let (code, stderr) = run(
+        &["events", "redeliver", &id, "--destination", "nope"],
+        &gw.admin_url(),
+    );
+    assert_eq!(code, Some(1), "{request}: {stderr}");
+    let (code, stderr) = run(&["events", "list", "--limit", "0"], &gw.admin_url());
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("must be at least 1"), "{stderr}");
+
+    // A reason someone wrote with terminal escapes in it is shown escaped, never run.
+    let res = reqwest::Client::new()
+        .post(format!("{}/v1/destinations/app/disable", gw.admin_url()))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({ "reason": "maint\u{1b}]0;pwned\u{7}\u{1b}[2J" }))
+        .send()
+        .await
+        .expect("disabling the destination");
+    assert_eq!(res.status().as_u16(), 200);
+    let out = crate::support::hooklatch_output(&["destinations", "list"], &gw.admin_url());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !stdout.contains('\u{1b}') && !stdout.contains('\u{7}'),
+        "{stdout:?}"
+    );
+    assert!(stdout.contains("maint\\u{1b}]0;pwned\\u{7}"), "{stdout}");
 }
 
 /// Runs `hooklatch ARGS --admin ADMIN` with the admin token: its exit status and standard

@@ -208,12 +208,45 @@ async fn an_import_over_the_body_limit_is_refused_whole() {
         &gateway.admin_url(),
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // The gateway's "no" to the file: exit status 1, as for any refusal.
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
         stderr.contains("captures[1]: its body is") && stderr.contains("body_limit of 1024 bytes"),
         "{stderr}"
     );
     assert!(gateway.requests("verdict=imported").await.is_empty());
+
+    // A header no request can carry is refused at import, not on every delivery after it.
+    let mut bad_header = capture("evt_bad_header", 0);
+    bad_header["headers"] =
+        serde_json::json!([{ "name": "bad name\r\nx-injected: 1", "value": "1" }]);
+    let import = |captures: serde_json::Value| {
+        let doc = serde_json::json!({ "hooklatch_export": 1, "captures": captures });
+        std::fs::write(&file, doc.to_string()).expect("writing the file");
+        crate::support::hooklatch_output(
+            &["events", "import", file.to_str().expect("utf-8 path")],
+            &gateway.admin_url(),
+        )
+    };
+    let out = import(serde_json::json!([bad_header]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("is not an HTTP header name"), "{stderr}");
+    assert!(gateway.requests("verdict=imported").await.is_empty());
+
+    // An export holds the requests the gateway refused too (no event key): skipped, said,
+    // and the rest imported.
+    let mut refused = capture("evt_refused", 0);
+    refused["keys"] = serde_json::json!([]);
+    refused["request_id"] = serde_json::json!("req_41");
+    let out = import(serde_json::json!([refused, capture("evt_small", 0)]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("skipped req_41: refused when it came"),
+        "{stderr}"
+    );
+    assert_eq!(gateway.requests("verdict=imported").await.len(), 1);
 }
 
 /// `hooklatch events list`: the history newest first, one line per request with its verdict

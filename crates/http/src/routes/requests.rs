@@ -340,6 +340,20 @@ pub(crate) async fn import(
                     .map_err(|_| bad(format!("header {}: value_base64 is not base64", h.name)))?,
                 (None, None) => Vec::new(),
             };
+            // What a delivery could not send would fail every attempt until the dead-letter.
+            if axum::http::HeaderName::from_bytes(h.name.as_bytes()).is_err() {
+                return Err(bad(format!(
+                    "header {:?} is not an HTTP header name",
+                    h.name
+                )));
+            }
+            if axum::http::HeaderValue::from_bytes(&value).is_err() {
+                return Err(bad(format!(
+                    "header {}: its value is not one an HTTP request can carry (a line break or \
+                     another control character)",
+                    h.name
+                )));
+            }
             headers.push((h.name.to_ascii_lowercase(), value));
         }
         let record = RequestRecord {
