@@ -36,10 +36,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
   # Run the gateway on the embedded store
   HOOKLATCH_ADMIN_TOKEN=dev-admin-token-0123456789 hooklatch serve --config hooklatch.toml
 
-  # Send it a signed test event, then look at the dead-letter
+  # Send it a signed test event, then look at what the gateway kept
   hooklatch send stripe --id evt_1 --secret whsec_local_development_only \\
       --to http://127.0.0.1:8080/in/stripe
-  hooklatch dlq list --config hooklatch.toml
+  hooklatch events list --config hooklatch.toml
 
 Every verb has its own --help with examples."
 )]
@@ -569,9 +569,9 @@ struct AdminArgs {
     /// The admin token (default: the config's server.admin_token).
     #[arg(long, env = "HOOKLATCH_ADMIN_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// The gateway's configuration: its admin address and token, and for `replay`, `check`
-    /// and `events export` its sources' providers and secrets (to re-sign, and to know which
-    /// headers are signatures).
+    /// The gateway's configuration: its admin address and token; for `replay` and `check`
+    /// its sources' secrets too (to re-sign), and for `events export` its sources' providers
+    /// (to know which headers are signatures), no secret.
     #[arg(short, long, value_name = "FILE")]
     config: Option<PathBuf>,
 }

@@ -27,7 +27,7 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 5 s doubling to 1 h, 12 attempts (about 10 hours in all), give up after 3 days.
+    /// 5 s doubling to 1 h, 12 attempts (about 2.4 hours in all), give up after 3 days.
     fn default() -> RetryPolicy {
         RetryPolicy {
             initial_backoff: Duration::from_secs(5),

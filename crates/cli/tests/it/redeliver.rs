@@ -94,6 +94,19 @@ async fn redelivering_twice_makes_two_recorded_deliveries_with_the_original_key(
         (status, answer["code"].as_str()),
         (409, Some("nothing_to_redeliver"))
     );
+    // Nor has one refused for naming no source (which has no destination either).
+    let (status, _) = gateway.post("nowhere", &[], body.clone()).await;
+    assert_eq!(status, 404);
+    let unknown = gateway.requests("source=nowhere").await;
+    let unknown_id = unknown[0]["id"].as_str().expect("id").to_owned();
+    let (status, answer) = gateway
+        .admin_post(&format!("/v1/requests/{unknown_id}/redeliver"))
+        .await;
+    assert_eq!(
+        (status, answer["code"].as_str()),
+        (409, Some("nothing_to_redeliver")),
+        "{answer}"
+    );
     let (status, _) = gateway
         .admin_post("/v1/requests/req_999999/redeliver")
         .await;

@@ -117,4 +117,66 @@ mod tests {
         }
         assert!(n >= 10, "found only {n} routes");
     }
+
+    /// Every verdict history holds is one the document names, in the answer and as a filter;
+    /// a field that may be null says its type beside `nullable` (OpenAPI 3.0 ignores
+    /// `nullable` without one, so a validator refused every `"decision": null`).
+    #[test]
+    fn openapi_names_every_verdict_and_types_every_nullable_field() {
+        use hooklatch_core::store::Verdict;
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("openapi.json parses");
+        let listed = |enumeration: &serde_json::Value| -> Vec<String> {
+            let names = enumeration.as_array().expect("an enum");
+            names
+                .iter()
+                .map(|v| v.as_str().unwrap().to_owned())
+                .collect()
+        };
+        let in_answers = listed(
+            &doc["components"]["schemas"]["RequestSummary"]["properties"]["verdict"]["enum"],
+        );
+        let parameters = doc["paths"]["/v1/requests"]["get"]["parameters"]
+            .as_array()
+            .expect("parameters");
+        let filter = parameters
+            .iter()
+            .find(|p| p["name"] == "verdict")
+            .expect("a verdict filter");
+        let as_filter = listed(&filter["schema"]["enum"]);
+        for verdict in [
+            Verdict::Accepted,
+            Verdict::Duplicate,
+            Verdict::Conflict,
+            Verdict::Rejected,
+            Verdict::Handshake,
+            Verdict::Imported,
+        ] {
+            let name = verdict.as_str().to_owned();
+            assert!(in_answers.contains(&name), "{name}");
+            assert!(as_filter.contains(&name), "{name}");
+        }
+        let mut untyped = Vec::new();
+        walk(&doc, "", &mut untyped);
+        assert!(untyped.is_empty(), "nullable without a type: {untyped:?}");
+    }
+
+    /// The paths of every schema in `value` with `nullable` and no `type`.
+    fn walk(value: &serde_json::Value, at: &str, found: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if map.contains_key("nullable") && !map.contains_key("type") {
+                    found.push(at.to_owned());
+                }
+                for (key, inner) in map {
+                    walk(inner, &format!("{at}/{key}"), found);
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for (i, inner) in items.iter().enumerate() {
+                    walk(inner, &format!("{at}/{i}"), found);
+                }
+            }
+            _ => {}
+        }
+    }
 }

@@ -146,6 +146,12 @@ pub(crate) async fn redeliver(
         .get_request(id)
         .await?
         .ok_or_else(|| ApiError::not_found("no such request"))?;
+    // What carries no verified event has nothing to deliver, whatever its source (one that
+    // names no configured source has no destination either).
+    let verdict = request.summary.verdict;
+    if matches!(verdict, Verdict::Rejected | Verdict::Handshake) {
+        return Err(nothing_to_redeliver(verdict));
+    }
     let configured = state
         .destinations
         .get(&request.summary.source)
@@ -196,15 +202,20 @@ pub(crate) async fn redeliver(
                 d.at.to_rfc3339()
             ),
         )),
-        Redelivery::NothingToRedeliver(verdict) => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "nothing_to_redeliver",
-            format!(
-                "the request's verdict is {}: it carries no verified event",
-                verdict.as_str()
-            ),
-        )),
+        Redelivery::NothingToRedeliver(verdict) => Err(nothing_to_redeliver(verdict)),
     }
+}
+
+/// 409 `nothing_to_redeliver`: a request with this verdict carries no verified event.
+fn nothing_to_redeliver(verdict: Verdict) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "nothing_to_redeliver",
+        format!(
+            "the request's verdict is {}: it carries no verified event",
+            verdict.as_str()
+        ),
+    )
 }
 
 /// Dismisses a conflict: an operator's record that this body will not be processed (optional
