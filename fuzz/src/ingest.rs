@@ -83,6 +83,8 @@ pub(crate) fn gateway(store: Arc<dyn Store>) -> axum::Router {
         store,
         sources,
         body_limit: BODY_LIMIT,
+        // Every refused body kept whole, so each answer's history is checked byte for byte.
+        refused_body_limit: BODY_LIMIT,
         body_timeout: Duration::from_secs(5),
         enqueued: Arc::new(Notify::new()),
         keys: None,

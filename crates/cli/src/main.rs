@@ -1947,7 +1947,10 @@ fn export(args: ExportArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         }
     }
     for id in &skipped {
-        eprintln!("skipped {id}: its body was not kept whole (refused as too large)");
+        eprintln!(
+            "skipped {id}: its body was not kept whole (refused as too large, or refused \
+             with a body over server.refused_body_limit)"
+        );
     }
     eprintln!(
         "exported {}",

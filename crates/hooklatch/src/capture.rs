@@ -91,7 +91,10 @@ pub enum CaptureError {
     #[error("{0}")]
     Format(String),
     /// The gateway did not keep the body whole (it refused it as too large).
-    #[error("{0}: the body was not kept whole (refused as too large), so it cannot be replayed")]
+    #[error(
+        "{0}: the body was not kept whole (refused as too large, or refused with a body over \
+         server.refused_body_limit), so it cannot be replayed"
+    )]
     Truncated(String),
 }
 

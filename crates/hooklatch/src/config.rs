@@ -48,6 +48,8 @@ pub struct Settings {
     pub admin_token: Secret,
     /// Largest body accepted.
     pub body_limit: usize,
+    /// The most of a refused request's body history keeps (`refused_body_limit`).
+    pub refused_body_limit: usize,
     /// Time allowed for request headers.
     pub header_timeout: Duration,
     /// Time allowed for a request body.
@@ -412,6 +414,7 @@ struct RawServer {
     admin_listen: String,
     admin_token: Option<String>,
     body_limit: Value,
+    refused_body_limit: Value,
     header_timeout: Value,
     body_timeout: Value,
     shutdown_grace: Value,
@@ -1614,6 +1617,7 @@ fn resolve(
         admin_listen,
         admin_token,
         body_limit: size("server.body_limit", &s.body_limit)?,
+        refused_body_limit: size("server.refused_body_limit", &s.refused_body_limit)?,
         header_timeout: positive("server.header_timeout", &s.header_timeout)?,
         body_timeout: positive("server.body_timeout", &s.body_timeout)?,
         shutdown_grace: duration("server.shutdown_grace", &s.shutdown_grace)?,

@@ -78,6 +78,7 @@ pub fn ingest_state(
             .map(|s| (s.name.to_string(), s.clone()))
             .collect(),
         body_limit: settings.body_limit,
+        refused_body_limit: settings.refused_body_limit,
         body_timeout: settings.body_timeout,
         enqueued,
         keys,

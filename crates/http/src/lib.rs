@@ -87,6 +87,10 @@ pub struct IngestState {
     pub sources: HashMap<String, Source>,
     /// Largest body accepted, in bytes.
     pub body_limit: usize,
+    /// The most of a refused request's body history keeps, in bytes (`refused_body_limit`):
+    /// what anyone can send unsigned costs the store no more. A request refused after its
+    /// signature passed ([`VERIFIED_REFUSALS`]) is kept whole.
+    pub refused_body_limit: usize,
     /// How long reading a body may take.
     pub body_timeout: Duration,
     /// Woken after new deliveries are queued, so idle workers start at once.

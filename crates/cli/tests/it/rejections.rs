@@ -101,6 +101,52 @@ async fn an_unknown_source_is_refused_with_404_and_claims_nothing() {
     assert_genuine_event_is_accepted(&gw, &handler, &event_id).await;
 }
 
+/// What anyone can send unsigned costs the store little: a refused request's body is kept up
+/// to `refused_body_limit` (64 KiB by default), marked cut short — a bad signature and an
+/// unknown source alike — while a body within it is kept whole, and an accepted event of any
+/// size within `body_limit` byte-exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_body_is_kept_up_to_the_refused_body_limit() {
+    let handler = Handler::start(Behaviour::AlwaysOk).await;
+    let gw = Gateway::start(&handler).await;
+    let event_id = unique("evt_large_refused");
+    let large = stripe_invoice_paid_padded(&event_id, 5000, 200 << 10);
+    let forged = vec![("stripe-signature".to_owned(), "t=1,v1=00".to_owned())];
+    let detail = async |source: &str, body: &[u8]| -> Value {
+        let (status, answer) = gw.post(source, &forged, body.to_vec()).await;
+        assert!(status == 401 || status == 404, "{status} {answer}");
+        let listed = gw.requests(&format!("source={source}")).await;
+        let id = listed[0]["id"].as_str().expect("an id").to_owned();
+        gw.admin_get(&format!("/v1/requests/{id}")).await.1
+    };
+    for source in ["stripe", "scanner"] {
+        let kept = detail(source, &large).await;
+        assert_eq!(kept["body_truncated"], true, "{source}");
+        assert_eq!(kept["body_len"], 64 << 10, "{source}");
+    }
+    let small = stripe_invoice_paid(&event_id, 5000);
+    let kept = detail("stripe", &small).await;
+    assert_eq!(kept["body_truncated"], false);
+    assert_eq!(kept["body_len"], small.len());
+
+    let (status, answer) = gw
+        .post("stripe", &stripe_headers(&large), large.clone())
+        .await;
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("accepted")),
+        "{answer}"
+    );
+    let (_, accepted) = gw
+        .admin_get(&format!(
+            "/v1/requests/{}",
+            answer["request_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(accepted["body_truncated"], false);
+    assert_eq!(accepted["body_len"], large.len());
+}
+
 /// A `{source}` whose percent-decoded bytes are not UTF-8 (found by `scripts/fuzz`): refused
 /// as the unknown source it is, in JSON and recorded, as any other name; before, axum's path
 /// extractor answered a plain-text 400 and nothing was recorded. The admin API's ids likewise.

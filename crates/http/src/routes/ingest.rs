@@ -728,6 +728,13 @@ async fn reject(
         "source" => metric_source.to_owned(), "verdict" => verdict, "reason" => err.code)
     .increment(1);
     tracing::debug!(source = %request.source, code = err.code, "rejected");
+    let mut request = request;
+    if request.body.len() > state.refused_body_limit
+        && !crate::VERIFIED_REFUSALS.contains(&err.code)
+    {
+        request.body = request.body.slice(..state.refused_body_limit);
+        request.body_truncated = true;
+    }
     let rejected = Rejected {
         request,
         code: err.code.to_owned(),
