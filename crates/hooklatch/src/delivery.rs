@@ -35,7 +35,7 @@ use hooklatch_core::retry::{parse_retry_after, NextAttempt};
 use hooklatch_core::store::{
     AttemptNext, AttemptResult, AttemptToken, DisabledDestination, LeasedDelivery, HELD,
 };
-use hooklatch_core::{crash, Secret, Store, StoreError, Timestamp};
+use hooklatch_core::{crash, DeliveryId, Secret, Store, StoreError, Timestamp};
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -146,7 +146,22 @@ pub struct Worker {
     /// Set by a task whose attempt scheduled a retry: the store's next due time may now be
     /// earlier than the one the dispatcher last heard ([`NextDue`]).
     pub(crate) retry_scheduled: AtomicBool,
+    /// The attempts sent and not yet answered, by delivery: what a shutdown whose grace ran
+    /// out records as abandoned ([`Worker::record_abandoned`]).
+    pub(crate) under_way: std::sync::Mutex<HashMap<DeliveryId, UnderWay>>,
 }
+
+/// An attempt sent and not yet answered ([`Worker::under_way`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UnderWay {
+    started_at: Timestamp,
+    lease_until: Option<Timestamp>,
+    clock: Instant,
+}
+
+/// What an attempt abandoned at shutdown records as its error.
+pub const ABANDONED: &str = "abandoned: the gateway stopped before an answer came (shutdown_grace \
+     ran out); the destination may have received it";
 
 /// How long the dispatcher goes on using the store's answer to "when is the next row due?"
 /// while that time is still ahead: between two answers, a row due sooner can only come from
@@ -345,6 +360,8 @@ impl Worker {
                 "shutdown grace over; abandoning attempts in flight"
             );
             in_flight.abort_all();
+            while in_flight.join_next().await.is_some() {}
+            this.record_abandoned().await;
         }
         if let Err(err) = this
             .store
@@ -353,6 +370,48 @@ impl Worker {
         {
             tracing::warn!(%err, "could not release leases; they expire by themselves");
         }
+    }
+
+    /// Records each attempt a shutdown abandoned ([`Worker::under_way`]) as a failed attempt
+    /// ([`ABANDONED`]), due again at once: the destination may have received it and acted, so
+    /// history shows why it comes again, and the next attempt carries the next number.
+    async fn record_abandoned(&self) {
+        let abandoned: Vec<(DeliveryId, UnderWay)> = match self.under_way.lock() {
+            Ok(mut under_way) => under_way.drain().collect(),
+            Err(poisoned) => poisoned.into_inner().drain().collect(),
+        };
+        for (delivery, under_way) in abandoned {
+            let result = AttemptResult {
+                delivery,
+                owner: self.owner.clone(),
+                started_at: under_way.started_at,
+                latency: under_way.clock.elapsed(),
+                status: None,
+                error: Some(ABANDONED.to_owned()),
+                next: AttemptNext::RetryAt(Timestamp::now()),
+                lease_until: under_way.lease_until,
+                token: AttemptToken::random(),
+            };
+            // A store that does not answer now leaves the lease to run out, as after a crash.
+            let recorded =
+                tokio::time::timeout(Duration::from_secs(5), self.store.record_attempt(result))
+                    .await;
+            if !matches!(recorded, Ok(Ok(()))) {
+                tracing::warn!(%delivery, "could not record an abandoned attempt; it goes out again when its lease runs out");
+            }
+        }
+    }
+
+    /// Notes (`Some`) or forgets (`None`) an attempt sent and not yet answered.
+    fn under_way(&self, delivery: DeliveryId, attempt: Option<UnderWay>) {
+        let mut under_way = match self.under_way.lock() {
+            Ok(under_way) => under_way,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        match attempt {
+            Some(attempt) => under_way.insert(delivery, attempt),
+            None => under_way.remove(&delivery),
+        };
     }
 
     /// How long the dispatcher may sleep: the poll interval, or less when the store holds a
@@ -570,6 +629,14 @@ impl Worker {
             return self.unsent(&delivery, started_at, None, AttemptNext::Wait(HELD));
         }
         crash::point(crash::WORKER_AFTER_LEASE_BEFORE_SEND);
+        self.under_way(
+            delivery.id,
+            Some(UnderWay {
+                started_at,
+                lease_until: delivery.lease_until,
+                clock,
+            }),
+        );
         let outcome = match &dest.kind {
             DestinationKind::Http { .. } => self
                 .send(&dest, &delivery, attempt, started_at)
@@ -597,11 +664,13 @@ impl Worker {
                     metrics::counter!("hooklatch_delivery_waits_total",
                         "destination" => dest.name.clone())
                     .increment(1);
+                    self.under_way(delivery.id, None);
                     let until = self.listen.wait_until(&delivery, started_at);
                     return self.unsent(&delivery, started_at, None, AttemptNext::Wait(until));
                 }
             },
         };
+        self.under_way(delivery.id, None);
         let latency = clock.elapsed();
         match outcome {
             Ok((Some(200..=299), _)) => crash::point(crash::WORKER_AFTER_2XX_BEFORE_RECORD),
@@ -1352,6 +1421,7 @@ mod tests {
             publishers: HashMap::new(),
             providers: HashMap::new(),
             signers: HashMap::new(),
+            under_way: Default::default(),
             clients: HashMap::from([(
                 "app".to_owned(),
                 Arc::new(crate::outbound::client(loopback(), &Default::default()).unwrap())

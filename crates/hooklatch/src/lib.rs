@@ -359,6 +359,7 @@ pub async fn serve(settings: Settings, cancel: CancellationToken) -> anyhow::Res
         publishers: publishers.clone(),
         providers: providers_of(&settings),
         signers: signers_of(&settings),
+        under_way: Default::default(),
         clients: settings
             .destinations
             .iter()

@@ -289,6 +289,7 @@ impl World {
             publishers: HashMap::new(),
             providers: crate::providers_of(settings),
             signers: crate::signers_of(settings),
+            under_way: Default::default(),
             clients: settings
                 .destinations
                 .iter()

@@ -107,6 +107,52 @@ async fn during_the_shutdown_delay_readyz_says_shutting_down_and_events_are_stil
     assert!(!log.contains("ERROR"), "{}", gw.log_tail(30));
 }
 
+/// An attempt still waiting for its answer when the shutdown grace runs out is recorded as
+/// abandoned — the destination may have acted on it — and is due again at once: after a
+/// restart the event comes again as attempt 2, and its history says why it came twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_cut_off_by_the_shutdown_grace_is_recorded_and_comes_again_as_the_next() {
+    let handler = Handler::start(Behaviour::SlowOk(30_000)).await;
+    let mut gw = Gateway::start_with(
+        &handler,
+        Options {
+            timeout: "60s",
+            extra_env: vec![(
+                "HOOKLATCH_SERVER__SHUTDOWN_GRACE".to_owned(),
+                "1s".to_owned(),
+            )],
+            ..Options::default()
+        },
+    )
+    .await;
+    let key = gw.send_stripe_event("stripe", "evt_abandoned").await;
+    wait_until("the attempt reached the handler", || {
+        handler.count_for(&key) == 1
+    })
+    .await;
+    gw.sigterm();
+    let status = gw.wait_exit().await;
+    assert!(status.success(), "exit status {status}");
+
+    handler.set_behaviour(Behaviour::AlwaysOk);
+    gw.restart().await;
+    let row = gw.wait_for_delivery_state(&key, "delivered").await;
+    assert_eq!(row["attempts"], 2, "{row:#}");
+    let first = &row["history"][0];
+    assert!(
+        first["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("abandoned: the gateway stopped")),
+        "{row:#}"
+    );
+    let attempts: Vec<Option<u32>> = handler
+        .received_for(&key)
+        .iter()
+        .map(|r| r.attempt)
+        .collect();
+    assert_eq!(attempts, [Some(1), Some(2)]);
+}
+
 /// A second SIGTERM while the gateway stops (here, in its shutdown delay) ends it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_sigterm_stops_at_once() {
