@@ -598,6 +598,11 @@ struct SigningArgs {
     /// file:PATH.
     #[arg(long, value_name = "SECRET", conflicts_with_all = ["original", "resign", "provider"])]
     destination_secret: Option<String>,
+    /// Send each request as the gateway delivers it (Idempotency-Key, hooklatch-* headers, the
+    /// provider's signature made again with --config's secret), to a handler behind hooklatch
+    /// that keys on Idempotency-Key (--to); --destination-secret adds the gateway's signature.
+    #[arg(long, conflicts_with_all = ["original", "resign", "provider"])]
+    as_delivered: bool,
     /// Re-sign requests the gateway rejected when they came, too. Without it such a capture is
     /// refused rather than re-signed: its body was never verified, and a fresh signature would
     /// vouch for it. For a genuine event refused while the source's secret was wrong.
@@ -673,6 +678,11 @@ struct CheckArgs {
     /// behind hooklatch that verifies the gateway's signature. A literal, env:NAME or file:PATH.
     #[arg(long, value_name = "SECRET")]
     destination_secret: Option<String>,
+    /// Send every request as the gateway delivers it (Idempotency-Key, hooklatch-* headers,
+    /// the provider's signature made again), for a handler behind hooklatch that keys on
+    /// Idempotency-Key; --destination-secret adds the gateway's signature.
+    #[arg(long)]
+    as_delivered: bool,
     /// The handler's URL.
     #[arg(long, value_name = "URL", value_parser = http_url)]
     to: String,
@@ -1482,7 +1492,10 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
         settings.as_ref().map(AdminSettings::from).as_ref(),
     );
     let given = signer_arg(&args.signing, env)?;
-    let as_delivered = destination_secret(args.signing.destination_secret.as_deref(), env)?;
+    let as_delivered = as_delivered_by(
+        args.signing.as_delivered,
+        destination_secret(args.signing.destination_secret.as_deref(), env)?,
+    );
     let mode = match (args.signing.resign, args.signing.original) {
         (true, _) => SignMode::Resign,
         (_, true) => SignMode::Original,
@@ -1509,11 +1522,28 @@ fn replay(args: ReplayArgs, env: &HashMap<String, String>) -> anyhow::Result<Out
                 Some(_) if capture.was_refused() && !args.signing.resign_rejected => {
                     return Err(hooklatch::replay::ReplayError::Rejected(capture.label()).into())
                 }
-                Some(secret) => (
-                    Signing::AsDelivered(secret.clone()),
+                Some(how) => (
+                    Signing::AsDelivered(hooklatch::replay::AsDelivered {
+                        secret: how.secret.clone(),
+                        // The provider's signature made again where --config has the
+                        // source's secret; as captured otherwise.
+                        signer: hooklatch::replay::signer_for(
+                            capture,
+                            None,
+                            settings.as_ref(),
+                            &target,
+                        )
+                        .ok()
+                        .flatten(),
+                    }),
                     format!(
-                        "{}: sending as the gateway delivers it (--destination-secret)",
-                        capture.label()
+                        "{}: sending as the gateway delivers it ({})",
+                        capture.label(),
+                        if how.secret.is_some() {
+                            "--destination-secret"
+                        } else {
+                            "--as-delivered"
+                        }
                     ),
                 ),
                 None => {
@@ -1576,6 +1606,18 @@ fn signer_arg(args: &SigningArgs, env: &HashMap<String, String>) -> anyhow::Resu
 
 /// Keeps the capture of request `id` alone, when one is named (`--request`); an error if
 /// `from` holds none.
+/// How to send as the gateway delivers: with `--as-delivered`, or with `--destination-secret`
+/// (which implies it); `None` for neither.
+fn as_delivered_by(
+    asked: bool,
+    secret: Option<hooklatch::core::Secret>,
+) -> Option<hooklatch::replay::AsDelivered> {
+    (asked || secret.is_some()).then(|| hooklatch::replay::AsDelivered {
+        secret,
+        signer: None,
+    })
+}
+
 /// `--destination-secret`, read and checked as a destination's `secret` is.
 fn destination_secret(
     arg: Option<&str>,
@@ -1647,7 +1689,10 @@ fn check(args: CheckArgs, env: &HashMap<String, String>) -> anyhow::Result<Outco
         settle: args.settle,
         effect,
         timeout: args.timeout,
-        as_delivered: destination_secret(args.destination_secret.as_deref(), env)?,
+        as_delivered: as_delivered_by(
+            args.as_delivered,
+            destination_secret(args.destination_secret.as_deref(), env)?,
+        ),
     };
     let total = u64::from(args.times + args.concurrency + 1 + u32::from(args.conflict));
     client_runtime()?.block_on(async {

@@ -589,6 +589,66 @@ async fn naive_fails_and_guarded_passes(db: &str) {
     assert_eq!(report["phases"][1]["statuses"]["200"], 10);
 }
 
+/// `replay --as-delivered` sends a capture as the gateway delivers it to a destination without
+/// a secret: `Idempotency-Key` and the `hooklatch-*` headers, which a handler keyed on the
+/// key needs, no Standard Webhooks signature, and Stripe's signature made again as it is sent
+/// with `--config`'s secret (the capture's own is four minutes old).
+#[tokio::test(flavor = "multi_thread")]
+async fn replay_as_delivered_carries_the_idempotency_key_and_a_fresh_provider_signature() {
+    let gateway = Gateway::start(None, &[]).await;
+    let event = unique("evt_as_delivered");
+    let body = stripe_body(&event, 5000);
+    let signed_at = Timestamp::from_secs(Timestamp::now().as_secs() - 250);
+    let (status, answer) = gateway
+        .post_stripe(&stripe_headers(&body, signed_at), &body)
+        .await;
+    assert_eq!(
+        (status, answer["status"].as_str()),
+        (200, Some("accepted")),
+        "{answer}"
+    );
+    let request = answer["request_id"]
+        .as_str()
+        .expect("a request id")
+        .to_owned();
+    let handler = Recorder::start().await;
+    let config = gateway.config();
+    let out = hooklatch(&[
+        "replay",
+        &request,
+        "--config",
+        config.to_str().expect("a UTF-8 path"),
+        "--to",
+        &handler.url,
+        "--as-delivered",
+        "--json",
+    ])
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", show(&out));
+    let received = handler.received();
+    assert_eq!(received.len(), 1);
+    let got = &received[0];
+    let header = |name: &str| {
+        got.headers
+            .get(name)
+            .map(|v| v.to_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(header("idempotency-key"), Some(format!("stripe:{event}")));
+    assert_eq!(header("hooklatch-attempt").as_deref(), Some("1"));
+    assert_eq!(header("webhook-signature"), None);
+    assert!(got.signature_valid && got.body == body);
+    let signature = header("stripe-signature").unwrap_or_default();
+    let t: i64 = signature
+        .strip_prefix("t=")
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("a Stripe signature: {signature}"));
+    assert!(
+        t >= signed_at.as_secs() + 250,
+        "made as it was sent: {signature}"
+    );
+}
+
 /// A handler behind hooklatch that verifies the gateway's signature (`VerifiedDelivery`):
 /// `check --destination-secret` sends as the gateway delivers, and it passes; without it
 /// every request is refused, and `check` says so.

@@ -109,9 +109,11 @@ pub struct CheckOptions {
     pub effect: Option<EffectProbe>,
     /// Time allowed for one request.
     pub timeout: Duration,
-    /// Send every request as the gateway delivers to a destination with this secret
-    /// ([`Signing::AsDelivered`]): for a handler behind hooklatch that verifies its signature.
-    pub as_delivered: Option<hooklatch_core::Secret>,
+    /// Send every request as the gateway delivers to a destination ([`Signing::AsDelivered`]):
+    /// for a handler behind hooklatch that keys on `Idempotency-Key` or, with the
+    /// destination's secret, verifies the gateway's signature. The provider's signature is
+    /// made again with the check's own signer, as the gateway makes it.
+    pub as_delivered: Option<crate::replay::AsDelivered>,
 }
 
 /// One phase's outcome.
@@ -267,7 +269,10 @@ pub async fn check(
     let mut notes = Vec::new();
     let prepared = prepare(input, &opts.to, &mut notes)?;
     let signing = match (&opts.as_delivered, &prepared.signer) {
-        (Some(secret), _) => Signing::AsDelivered(secret.clone()),
+        (Some(how), signer) => Signing::AsDelivered(crate::replay::AsDelivered {
+            secret: how.secret.clone(),
+            signer: how.signer.clone().or_else(|| signer.clone()),
+        }),
         (None, Some(s)) => Signing::Resign(s.clone()),
         (None, None) => {
             notes.push(

@@ -866,14 +866,24 @@ const ANY_AGE: Duration = Duration::MAX;
 impl ProviderSigner {
     /// The signer of a source, if its provider's signatures expire and it has a secret.
     pub(crate) fn of(source: &hooklatch_http::Source) -> Option<ProviderSigner> {
-        let provider = source.adapter.provider();
+        Self::new(source.adapter.clone(), source.secrets.clone())
+    }
+
+    /// The signer of `adapter` with one `secret` (`replay` and `check` as the gateway
+    /// delivers), if its provider's signatures expire.
+    pub(crate) fn from_adapter(
+        adapter: Arc<dyn ProviderAdapter>,
+        secret: &Secret,
+    ) -> Option<ProviderSigner> {
+        Self::new(adapter, vec![secret.clone()])
+    }
+
+    fn new(adapter: Arc<dyn ProviderAdapter>, secrets: Vec<Secret>) -> Option<ProviderSigner> {
+        let provider = adapter.provider();
         (hooklatch_core::provider::TIMESTAMP_SIGNERS.contains(&provider)
             && provider != "discord"
-            && !source.secrets.is_empty())
-        .then(|| ProviderSigner {
-            adapter: source.adapter.clone(),
-            secrets: source.secrets.clone(),
-        })
+            && !secrets.is_empty())
+        .then_some(ProviderSigner { adapter, secrets })
     }
 
     /// The provider's signature headers for `delivery`, made at `now` with the secret that

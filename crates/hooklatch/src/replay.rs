@@ -134,11 +134,22 @@ pub enum Signing {
     Resign(Signer),
     /// The headers as captured.
     Original,
-    /// Each request as the gateway delivers the event to a destination with this `secret`:
-    /// the code the gateway's worker sends with, so `Idempotency-Key`, the `hooklatch-*`
-    /// headers and a Standard Webhooks signature a handler behind hooklatch verifies
+    /// Each request as the gateway delivers the event to a destination: the code the
+    /// gateway's worker sends with, so `Idempotency-Key`, the `hooklatch-*` headers, and with
+    /// a destination secret a Standard Webhooks signature a handler behind hooklatch verifies
     /// (`hooklatch_guard::VerifiedDelivery`).
-    AsDelivered(Secret),
+    AsDelivered(AsDelivered),
+}
+
+/// How the gateway delivers to the destination a capture is sent to ([`Signing::AsDelivered`]).
+#[derive(Debug, Clone, Default)]
+pub struct AsDelivered {
+    /// The destination's `secret`: a Standard Webhooks signature of each request.
+    pub secret: Option<Secret>,
+    /// The source's signer: the provider's timestamped signature made again for each request,
+    /// as the gateway does (`provider_signature = "fresh"`), when the capture's signature is
+    /// its secret's.
+    pub signer: Option<Signer>,
 }
 
 impl Signing {
@@ -150,8 +161,13 @@ impl Signing {
             // provider signs one (GitHub signs none).
             Signing::Resign(s) => format!("re-signed ({}, as sent)", s.provider()),
             Signing::Original => "original headers".to_owned(),
-            Signing::AsDelivered(_) => {
+            Signing::AsDelivered(AsDelivered {
+                secret: Some(_), ..
+            }) => {
                 "as the gateway delivers (Standard Webhooks, the destination's secret)".to_owned()
+            }
+            Signing::AsDelivered(AsDelivered { secret: None, .. }) => {
+                "as the gateway delivers (Idempotency-Key, no destination secret)".to_owned()
             }
         }
     }
@@ -611,7 +627,7 @@ fn headers_for(
     let (headers, body) = match signing {
         Signing::Resign(signer) => (signer.sign(capture, url, now), capture.body.clone()),
         Signing::Original => (capture.headers.clone(), capture.body.clone()),
-        Signing::AsDelivered(secret) => as_delivered(capture, secret, n, now)?,
+        Signing::AsDelivered(how) => as_delivered(capture, how, n, now)?,
     };
     let mut map = reqwest::header::HeaderMap::new();
     for (name, value) in headers {
@@ -632,12 +648,13 @@ fn headers_for(
 pub type Headers = Vec<(String, Vec<u8>)>;
 
 /// What the gateway's worker would send for attempt `attempt` of `capture`'s event to a
-/// destination whose secret is `secret`, at `now` (by the same code the worker sends with):
-/// the headers — the original ones, `Idempotency-Key: {source}:{first key}`, the
-/// `hooklatch-*` headers and the Standard Webhooks signature — and the body as delivered.
+/// destination as `how` says, at `now` (by the same code the worker sends with): the headers
+/// — the original ones (the provider's timestamped signature made again when `how` has the
+/// source's signer), `Idempotency-Key: {source}:{first key}`, the `hooklatch-*` headers and,
+/// with a destination secret, the Standard Webhooks signature — and the body as delivered.
 pub fn as_delivered(
     capture: &Capture,
-    secret: &Secret,
+    how: &AsDelivered,
     attempt: u32,
     now: Timestamp,
 ) -> Result<(Headers, Vec<u8>), ReplayError> {
@@ -671,7 +688,17 @@ pub fn as_delivered(
         body: bytes::Bytes::from(capture.body.clone()),
         lease_until: None,
     };
-    let (body, headers) = crate::delivery::outgoing(&delivery, attempt, Some(secret), None, now);
+    let signer = how
+        .signer
+        .as_ref()
+        .and_then(|s| crate::delivery::ProviderSigner::from_adapter(s.adapter.clone(), &s.secret));
+    let (body, headers) = crate::delivery::outgoing(
+        &delivery,
+        attempt,
+        how.secret.as_ref(),
+        signer.as_ref(),
+        now,
+    );
     Ok((headers, body.to_vec()))
 }
 
@@ -916,7 +943,11 @@ mod tests {
         let now = Timestamp::from_secs(1_780_000_000);
         let (capture, _) = stripe_capture(now);
         let secret = Secret::from_text("whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD");
-        let (headers, body) = as_delivered(&capture, &secret, 2, now).unwrap();
+        let how = AsDelivered {
+            secret: Some(secret.clone()),
+            signer: None,
+        };
+        let (headers, body) = as_delivered(&capture, &how, 2, now).unwrap();
         assert_eq!(body, capture.body);
         let value = |name: &str| {
             headers
@@ -945,7 +976,7 @@ mod tests {
             .expect("verifies as a Standard Webhooks delivery");
         let mut keyless = capture;
         keyless.keys.clear();
-        assert!(as_delivered(&keyless, &secret, 1, now).is_err());
+        assert!(as_delivered(&keyless, &how, 1, now).is_err());
     }
 
     /// Re-signing a capture as another provider than its own is done as asked, with a
