@@ -1006,13 +1006,17 @@ fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 }
             };
             let mut again = 0;
-            for (id, already) in &ids {
-                if *already {
-                    again += 1;
-                    println!("{id} (imported before)");
-                } else {
-                    println!("{id}");
+            for imported in &ids {
+                // The id here, then where it came from: a script reads the first word.
+                let mut line = imported.id.clone();
+                if let Some(from) = &imported.from {
+                    line.push_str(&format!(" (from {from})"));
                 }
+                if imported.before {
+                    again += 1;
+                    line.push_str(" (imported before)");
+                }
+                println!("{}", terminal_safe(&line));
             }
             let new = ids.len() as u64 - again;
             if again == 0 {

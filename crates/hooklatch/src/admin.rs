@@ -80,6 +80,17 @@ pub struct HistoryFilter {
     pub limit: usize,
 }
 
+/// One capture an import took ([`AdminClient::import`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// Its id on the gateway it was imported into.
+    pub id: String,
+    /// Its id on the gateway it was exported from, when the file says.
+    pub from: Option<String>,
+    /// It was imported before: `id` is that import's, and nothing was stored again.
+    pub before: bool,
+}
+
 /// A client of one gateway's admin API.
 #[derive(Debug, Clone)]
 pub struct AdminClient {
@@ -346,8 +357,8 @@ impl AdminClient {
     }
 
     /// Imports an export file's captures into the gateway's history (verdict `imported`);
-    /// returns each capture's request id there, and whether an earlier import stored it.
-    pub async fn import(&self, export: Value) -> Result<Vec<(String, bool)>, AdminError> {
+    /// returns each capture's request id there and where it came from ([`Imported`]).
+    pub async fn import(&self, export: Value) -> Result<Vec<Imported>, AdminError> {
         let answer = self
             .call(
                 reqwest::Method::POST,
@@ -363,8 +374,11 @@ impl AdminClient {
                 items
                     .iter()
                     .filter_map(|i| {
-                        let id = i["request_id"].as_str()?.to_owned();
-                        Some((id, i["already_imported"].as_bool().unwrap_or(false)))
+                        Some(Imported {
+                            id: i["request_id"].as_str()?.to_owned(),
+                            from: i["original_request_id"].as_str().map(str::to_owned),
+                            before: i["already_imported"].as_bool().unwrap_or(false),
+                        })
                     })
                     .collect()
             })

@@ -2054,10 +2054,19 @@ fn key_settings(
             "must not be empty: hooklatch's keys need a namespace of their own",
         ));
     }
+    let lease = positive("store.key_lease", &raw.key_lease)?;
+    // Shorter, and a claim lapses while its request is still being queued: a copy arriving
+    // then is claimed again, and the event is queued twice.
+    if lease < MIN_KEY_LEASE {
+        return Err(err(
+            "store.key_lease",
+            "must be at least 1s: a claim must outlive the store's slowest commit (default 30s)",
+        ));
+    }
     Ok(Some(KeySettings {
         url: url.to_owned(),
         prefix: raw.key_prefix.clone(),
-        lease: positive("store.key_lease", &raw.key_lease)?,
+        lease,
         tls,
     }))
 }
@@ -2136,6 +2145,9 @@ fn jitter(key: &str, j: f64) -> Result<f64, ConfigError> {
         Err(err(key, "must be between 0.0 and 1.0"))
     }
 }
+
+/// The shortest `store.key_lease` taken.
+const MIN_KEY_LEASE: Duration = Duration::from_secs(1);
 
 fn positive(key: &str, v: &Value) -> Result<Duration, ConfigError> {
     let d = duration(key, v)?;
@@ -3253,6 +3265,14 @@ tolerance = "30s"
         let keys = load_str(EXAMPLE, &on).unwrap().store.keys.unwrap();
         assert_eq!(keys.prefix, "hooklatch:");
         assert_eq!(keys.lease, Duration::from_secs(5));
+        // A lease shorter than a commit would let a second copy claim the event again.
+        let mut short = on.clone();
+        short.insert("HOOKLATCH_STORE__KEY_LEASE".to_owned(), "1ms".to_owned());
+        let msg = load_str(EXAMPLE, &short).unwrap_err().to_string();
+        assert!(
+            msg.contains("store.key_lease: must be at least 1s"),
+            "{msg}"
+        );
         let shown = format!("{keys:?}");
         assert!(
             shown.contains("redis://127.0.0.1:6379") && !shown.contains("pa55word"),

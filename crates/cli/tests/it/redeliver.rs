@@ -150,18 +150,25 @@ async fn an_exported_capture_imported_elsewhere_redelivers_byte_exact() {
     let laptop = Gateway::start(&laptop_handler).await;
     let imported = hooklatch(&["events", "import", file_arg], &laptop.admin_url());
     let imported_id = imported
-        .lines()
+        .split_whitespace()
         .next()
         .expect("an imported id")
-        .trim()
         .to_owned();
     assert!(imported_id.starts_with("req_"), "{imported}");
     let listed = laptop.requests("verdict=imported").await;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0]["keys"][0].as_str(), Some(id.as_str()));
     // The same file again (a script run twice) leaves history as it was.
+    assert_eq!(
+        imported.trim(),
+        format!("{imported_id} (from {request})"),
+        "the id here, and the one it had where it was exported"
+    );
     let again = hooklatch(&["events", "import", file_arg], &laptop.admin_url());
-    assert_eq!(again.trim(), format!("{imported_id} (imported before)"));
+    assert_eq!(
+        again.trim(),
+        format!("{imported_id} (from {request}) (imported before)")
+    );
     assert_eq!(laptop.requests("verdict=imported").await.len(), 1);
     assert!(
         laptop.deliveries("").await.is_empty(),
