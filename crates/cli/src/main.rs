@@ -2080,32 +2080,30 @@ fn done_or_refused<T>(
             println!("{}", terminal_safe(&format!("{what}: {}", done(value))));
             Ok(Outcome::Passed)
         }
-        Err(err) => match refusal(what, err) {
-            Ok(refused) => {
-                eprintln!("{}", terminal_safe(&refused));
-                Ok(Outcome::Failed)
-            }
-            Err(err) => Err(err.into()),
-        },
+        Err(err) => {
+            eprintln!("{}", refusal(what, err)?);
+            Ok(Outcome::Failed)
+        }
     }
 }
 
 /// The gateway's "no" to a request about `what` — it is not there (404), or not in a state to
-/// do it (409) — as the line to print; `Err` when the gateway could not be asked.
+/// do it (409) — as the line to print ([`terminal_safe`]: the gateway's message may quote
+/// text others wrote); `Err` when the gateway could not be asked.
 fn refusal(
     what: &str,
     err: hooklatch::admin::AdminError,
 ) -> Result<String, hooklatch::admin::AdminError> {
     match err {
         // "dlv_9 not found on the gateway" names what is missing already.
-        err @ hooklatch::admin::AdminError::NotFound(_) => Ok(err.to_string()),
+        err @ hooklatch::admin::AdminError::NotFound(_) => Ok(terminal_safe(&err.to_string())),
         // Not in a state to do it (409), or a request it refuses (400: a destination it does
         // not have, a capture it cannot take). A token it does not take (401, 403) is the
         // caller's configuration: the gateway was not asked.
         hooklatch::admin::AdminError::Status { status, message }
             if (400..500).contains(&status) && !matches!(status, 401 | 403) =>
         {
-            Ok(format!("{what}: {message}"))
+            Ok(terminal_safe(&format!("{what}: {message}")))
         }
         err => Err(err),
     }

@@ -982,15 +982,17 @@ pub(crate) fn outgoing(
     // A header the fresh signature writes replaces the one received (`webhook-*` replaces the
     // `svix-*` header of the same part too).
     let resigns = |name: &str| {
-        let name = name.to_ascii_lowercase();
-        let webhook_name = name
-            .strip_prefix("svix-")
-            .map(|part| format!("webhook-{part}"));
+        let svix_part = name
+            .get(..5)
+            .filter(|prefix| prefix.eq_ignore_ascii_case("svix-"))
+            .map(|_| &name[5..]);
         resigned.iter().any(|(n, _)| {
-            n.eq_ignore_ascii_case(&name)
-                || webhook_name
-                    .as_deref()
-                    .is_some_and(|w| n.eq_ignore_ascii_case(w))
+            n.eq_ignore_ascii_case(name)
+                || svix_part.is_some_and(|part| {
+                    n.get(8..)
+                        .is_some_and(|rest| rest.eq_ignore_ascii_case(part))
+                        && n[..8].eq_ignore_ascii_case("webhook-")
+                })
         })
     };
     let mut headers: Vec<(String, Vec<u8>)> = Vec::with_capacity(delivery.headers.len() + 8);

@@ -715,7 +715,7 @@ async fn ingest_with_keys(
 /// the key store down), so that an outage is not read as forgeries.
 async fn reject(
     state: &IngestState,
-    request: RequestRecord,
+    mut request: RequestRecord,
     metric_source: &str,
     err: ApiError,
 ) -> Response {
@@ -728,7 +728,6 @@ async fn reject(
         "source" => metric_source.to_owned(), "verdict" => verdict, "reason" => err.code)
     .increment(1);
     tracing::debug!(source = %request.source, code = err.code, "rejected");
-    let mut request = request;
     if request.body.len() > state.refused_body_limit
         && !crate::VERIFIED_REFUSALS.contains(&err.code)
     {
